@@ -1,0 +1,245 @@
+"""Loads llama-architecture GGUF files (llama.cpp's format) into a specjax parameter tree.
+
+    cfg, params = load_gguf(path)   # host numpy arrays, layout of specjax.models.llama
+
+Every tensor is dequantised with the `gguf` package (Q4_0, Q4_1, Q8_0, K-quants, F16, BF16,
+F32, ...). GGUF lists a tensor's dims innermost first, so a linear weight of dims [in, out] is a
+numpy (out, in) array; it is transposed to the tree's (in, out). llama.cpp's converter permutes
+the rows of Q and K for its interleaved-pair RoPE; they are permuted back to Hugging Face's
+half-split ("rotate_half") order, which `specjax.models.llama` uses.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import gguf
+import numpy as np
+import tqdm
+
+from specjax.models.llama import LlamaConfig, Params
+
+# Transforms from a dequantised GGUF array (numpy order) to the tree layout.
+COPY = 'copy'  # norms [D] and the embedding [V, D]: already in tree layout
+LINEAR = 'linear'  # (out, in) -> (in, out)
+QUERY = 'query'  # un-permute rows with n_heads, then (out, in) -> (in, out)
+KEY = 'key'  # un-permute rows with n_kv_heads, then (out, in) -> (in, out)
+
+# GGUF tensor name -> tree key, transform. `lm_head` only exists when embeddings are untied.
+GLOBAL_TENSORS: tuple[tuple[str, str, str], ...] = (
+  ('token_embd.weight', 'embed', COPY),
+  ('output_norm.weight', 'final_norm', COPY),
+  ('output.weight', 'lm_head', LINEAR),
+)
+# blk.{i}.<name> -> params['layers'][i][key], transform.
+LAYER_TENSORS: tuple[tuple[str, str, str], ...] = (
+  ('blk.{i}.attn_norm.weight', 'attn_norm', COPY),
+  ('blk.{i}.attn_q.weight', 'wq', QUERY),
+  ('blk.{i}.attn_k.weight', 'wk', KEY),
+  ('blk.{i}.attn_v.weight', 'wv', LINEAR),
+  ('blk.{i}.attn_output.weight', 'wo', LINEAR),
+  ('blk.{i}.ffn_norm.weight', 'mlp_norm', COPY),
+  ('blk.{i}.ffn_gate.weight', 'w_gate', LINEAR),
+  ('blk.{i}.ffn_up.weight', 'w_up', LINEAR),
+  ('blk.{i}.ffn_down.weight', 'w_down', LINEAR),
+)
+
+_ARCH = 'llama'
+_REQUIRED = object()
+
+
+def tensor_table(cfg: LlamaConfig) -> list[tuple[str, tuple[Any, ...], str]]:
+  """Every (GGUF name, tree path, transform) of a model with config `cfg`.
+
+  A tree path is a key sequence into the tree: ('embed',) or ('layers', 3, 'wq').
+  """
+  table = [(name, (key,), kind) for name, key, kind in GLOBAL_TENSORS
+           if key != 'lm_head' or not cfg.tie_embeddings]
+  for i in range(cfg.n_layers):
+    table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in LAYER_TENSORS]
+  return table
+
+
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Undoes llama.cpp's Q/K row permutation of an (out, in) weight (interleaved -> half-split)."""
+  out, inp = w.shape
+  return w.reshape(n_head, out // n_head // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+  """llama.cpp's Q/K row permutation of an (out, in) weight (half-split -> interleaved)."""
+  out, inp = w.shape
+  return w.reshape(n_head, 2, out // n_head // 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def to_tree_layout(w: np.ndarray, kind: str, cfg: LlamaConfig) -> np.ndarray:
+  """A dequantised GGUF array (numpy order) in the tree layout, per its transform `kind`."""
+  if kind == COPY:
+    return w
+  if kind == QUERY:
+    w = unpermute_rows(w, cfg.n_heads)
+  elif kind == KEY:
+    w = unpermute_rows(w, cfg.n_kv_heads)
+  return w.T
+
+
+def _source_shape(tree_shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
+  """The numpy shape a GGUF tensor must have to become a tree leaf of `tree_shape`."""
+  return tree_shape if kind == COPY else tuple(reversed(tree_shape))
+
+
+def _corrupt(path: pathlib.Path, problem: str) -> ValueError:
+  return ValueError(f'{path} is not a readable GGUF file (truncated or corrupt: {problem}); '
+                    'delete it and fetch it again')
+
+
+def open_reader(path: str | os.PathLike) -> gguf.GGUFReader:
+  """A GGUFReader over `path`, with clear errors for missing, truncated and corrupt files."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f'GGUF file not found: {path}')
+  try:
+    reader = gguf.GGUFReader(path)
+  except OSError:
+    raise
+  except Exception as e:  # the reader fails with bare ValueError/IndexError/... on damaged files
+    raise _corrupt(path, f'{type(e).__name__}: {e}') from e
+  size = path.stat().st_size
+  for t in reader.tensors:
+    end = t.data_offset + t.n_bytes
+    if end > size or t.data.nbytes != t.n_bytes:
+      raise _corrupt(path, f'tensor {t.name!r} needs bytes up to {end}, the file has {size}')
+  return reader
+
+
+def _field(reader: gguf.GGUFReader, path: pathlib.Path, key: str, default: Any = _REQUIRED):
+  field = reader.get_field(key)
+  if field is None:
+    if default is _REQUIRED:
+      raise ValueError(f'{path}: GGUF metadata key {key!r} is missing')
+    return default
+  return field.contents()
+
+
+def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike) -> LlamaConfig:
+  """The LlamaConfig described by a GGUF file's metadata."""
+  path = pathlib.Path(path)
+  arch = _field(reader, path, 'general.architecture')
+  if arch != _ARCH:
+    raise ValueError(f'{path}: architecture {arch!r} is not supported (load_gguf reads '
+                     f'{_ARCH!r} models only)')
+  get = lambda key, default=_REQUIRED: _field(reader, path, f'{_ARCH}.{key}', default)
+  d_model, n_heads = int(get('embedding_length')), int(get('attention.head_count'))
+  head_dim = int(get('attention.key_length', d_model // n_heads))
+  rope_dims = int(get('rope.dimension_count', head_dim))
+  if rope_dims != head_dim:
+    raise ValueError(f'{path}: RoPE over {rope_dims} of {head_dim} head dims is not supported')
+  scaling = get('rope.scaling.type', 'none')
+  if scaling not in ('none', ''):
+    raise ValueError(f'{path}: RoPE scaling {scaling!r} is not supported')
+  names = {t.name: t for t in reader.tensors}
+  return LlamaConfig(
+    vocab_size=_vocab_size(reader, path, names),
+    d_model=d_model,
+    n_layers=int(get('block_count')),
+    n_heads=n_heads,
+    n_kv_heads=int(get('attention.head_count_kv', n_heads)),
+    head_dim=head_dim,
+    ffn_dim=int(get('feed_forward_length')),
+    rope_base=_float32(get('rope.freq_base', 10000.0)),
+    norm_eps=_float32(get('attention.layer_norm_rms_epsilon')),
+    tie_embeddings='output.weight' not in names,
+    max_seq_len=int(get('context_length')),
+  )
+
+
+def _float32(value: float) -> float:
+  """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not 9.99e-06)."""
+  return float(str(np.float32(value)))
+
+
+def _vocab_size(reader: gguf.GGUFReader, path: pathlib.Path, names: dict) -> int:
+  """Number of tokens: the token list as llama.cpp does, else metadata, else the embedding."""
+  tokens = reader.get_field('tokenizer.ggml.tokens')
+  if tokens is not None:
+    return len(tokens.data)
+  size = _field(reader, path, f'{_ARCH}.vocab_size', None)
+  if size is not None:
+    return int(size)
+  if 'token_embd.weight' not in names:
+    raise ValueError(f'{path}: no token list, vocab_size or token_embd.weight to size the vocab')
+  return int(names['token_embd.weight'].shape[-1])
+
+
+def _dequantize(t: Any, path: pathlib.Path) -> np.ndarray:
+  """A reader tensor as a float numpy array in numpy dim order (GGUF dims reversed)."""
+  shape = tuple(reversed([int(d) for d in t.shape]))
+  try:
+    w = gguf.quants.dequantize(t.data, t.tensor_type)
+  except NotImplementedError as e:
+    raise ValueError(f'{path}: tensor {t.name!r} has type {t.tensor_type.name}, which the gguf '
+                     'package cannot dequantise') from e
+  return w.reshape(shape)
+
+
+def _set(tree: Params, path: tuple[Any, ...], value: np.ndarray) -> None:
+  for key in path[:-1]:
+    tree = tree[key]
+  tree[path[-1]] = value
+
+
+def _get(tree: Params, path: tuple[Any, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _check_names(path: pathlib.Path, table: list, tensors: dict) -> None:
+  expected = {name for name, _, _ in table}
+  missing = [name for name, _, _ in table if name not in tensors]
+  if missing:
+    raise ValueError(f'{path}: missing tensors {missing}')
+  unexpected = sorted(set(tensors) - expected)
+  if unexpected:
+    raise ValueError(f'{path}: unexpected tensors {unexpected} (not part of a plain llama '
+                     'model; e.g. rope_freqs.weight means llama3 RoPE scaling, unsupported)')
+
+
+def _iter_leaves(reader: gguf.GGUFReader, cfg: LlamaConfig, path: pathlib.Path,
+                 progress: bool) -> Iterator[tuple[tuple[Any, ...], np.ndarray, str]]:
+  """Yields (tree path, source array, transform) for every tensor, shape-checked."""
+  tensors = {t.name: t for t in reader.tensors}
+  table = tensor_table(cfg)
+  _check_names(path, table, tensors)
+  shapes = cfg.param_shapes()
+  for name, tree_path, kind in tqdm.tqdm(table, desc=f'loading {path.name}', unit='tensor',
+                                         disable=not progress):
+    t = tensors[name]
+    have = tuple(reversed([int(d) for d in t.shape]))
+    want = _source_shape(tuple(_get(shapes, tree_path)), kind)
+    if have != want:
+      raise ValueError(f'{path}: tensor {name!r} has shape {have}, expected {want} from the '
+                       f'config (numpy order, GGUF dims reversed)')
+    yield tree_path, _dequantize(t, path), kind
+
+
+def load_gguf(path: str | os.PathLike, dtype: Any = np.float32,
+              progress: bool = True) -> tuple[LlamaConfig, Params]:
+  """Reads a llama GGUF file into (config, parameter tree of host numpy arrays in `dtype`).
+
+  Raises:
+    FileNotFoundError: no file at `path`.
+    ValueError: a truncated or corrupt file, another architecture, an unsupported tensor type,
+      or tensors missing, unexpected or of the wrong shape; the message names the file and the
+      tensor.
+  """
+  path = pathlib.Path(path)
+  reader = open_reader(path)
+  cfg = config_from_reader(reader, path)
+  params: Params = {'layers': [{} for _ in range(cfg.n_layers)]}
+  for tree_path, w, kind in _iter_leaves(reader, cfg, path, progress):
+    _set(params, tree_path, np.array(to_tree_layout(w, kind, cfg), dtype=dtype, order='C'))
+  return cfg, params

@@ -1,0 +1,235 @@
+"""Hugging Face style directories (config.json + *.safetensors) for Llama-architecture models.
+
+    export_hf(directory, cfg, params, tokenizer)   # loadable by transformers.LlamaForCausalLM
+    cfg, params = load_hf(directory)                # host numpy arrays, specjax tree layout
+
+Hugging Face stores linear weights as torch (out, in) matrices and Q/K rows in half-split
+("rotate_half") order, the order specjax uses, so the only transform is a transpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from specjax.models.llama import LlamaConfig, Params
+
+COPY = 'copy'  # norms [D] and the embedding [V, D]: same layout in both
+LINEAR = 'linear'  # torch (out, in) <-> tree (in, out)
+
+# Hugging Face name -> tree key, transform. `lm_head` only exists when embeddings are untied.
+GLOBAL_TENSORS: tuple[tuple[str, str, str], ...] = (
+  ('model.embed_tokens.weight', 'embed', COPY),
+  ('model.norm.weight', 'final_norm', COPY),
+  ('lm_head.weight', 'lm_head', LINEAR),
+)
+# model.layers.{i}.<name> -> params['layers'][i][key], transform.
+LAYER_TENSORS: tuple[tuple[str, str, str], ...] = (
+  ('model.layers.{i}.input_layernorm.weight', 'attn_norm', COPY),
+  ('model.layers.{i}.self_attn.q_proj.weight', 'wq', LINEAR),
+  ('model.layers.{i}.self_attn.k_proj.weight', 'wk', LINEAR),
+  ('model.layers.{i}.self_attn.v_proj.weight', 'wv', LINEAR),
+  ('model.layers.{i}.self_attn.o_proj.weight', 'wo', LINEAR),
+  ('model.layers.{i}.post_attention_layernorm.weight', 'mlp_norm', COPY),
+  ('model.layers.{i}.mlp.gate_proj.weight', 'w_gate', LINEAR),
+  ('model.layers.{i}.mlp.up_proj.weight', 'w_up', LINEAR),
+  ('model.layers.{i}.mlp.down_proj.weight', 'w_down', LINEAR),
+)
+# Buffers some exporters write that carry no parameters.
+IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
+
+CONFIG_FILE = 'config.json'
+WEIGHTS_FILE = 'model.safetensors'
+
+
+def tensor_table(cfg: LlamaConfig) -> list[tuple[str, tuple[Any, ...], str]]:
+  """Every (Hugging Face name, tree path, transform) of a model with config `cfg`."""
+  table = [(name, (key,), kind) for name, key, kind in GLOBAL_TENSORS
+           if key != 'lm_head' or not cfg.tie_embeddings]
+  for i in range(cfg.n_layers):
+    table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in LAYER_TENSORS]
+  return table
+
+
+def _transform(w: np.ndarray, kind: str) -> np.ndarray:
+  """Tree layout <-> Hugging Face layout (the transform is its own inverse)."""
+  return w if kind == COPY else w.T
+
+
+def _get(tree: Any, path: tuple[Any, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree: Params, path: tuple[Any, ...], value: np.ndarray) -> None:
+  for key in path[:-1]:
+    tree = tree[key]
+  tree[path[-1]] = value
+
+
+def hf_config(cfg: LlamaConfig, dtype: Any = np.float32, tokenizer: Any = None) -> dict[str, Any]:
+  """The config.json contents of a LlamaForCausalLM with config `cfg`."""
+  config = {
+    'architectures': ['LlamaForCausalLM'],
+    'model_type': 'llama',
+    'vocab_size': cfg.vocab_size,
+    'hidden_size': cfg.d_model,
+    'intermediate_size': cfg.ffn_dim,
+    'num_hidden_layers': cfg.n_layers,
+    'num_attention_heads': cfg.n_heads,
+    'num_key_value_heads': cfg.n_kv_heads,
+    'head_dim': cfg.head_dim,
+    'hidden_act': 'silu',
+    'max_position_embeddings': cfg.max_seq_len,
+    'rms_norm_eps': cfg.norm_eps,
+    # transformers < 5 reads rope_theta, transformers >= 5 rope_parameters.
+    'rope_theta': cfg.rope_base,
+    'rope_parameters': {'rope_type': 'default', 'rope_theta': cfg.rope_base},
+    'rope_scaling': None,
+    'attention_bias': False,
+    'mlp_bias': False,
+    'tie_word_embeddings': cfg.tie_embeddings,
+    'torch_dtype': np.dtype(dtype).name,
+  }
+  if tokenizer is not None:
+    config['bos_token_id'] = int(tokenizer.bos_id)
+    config['eos_token_id'] = int(tokenizer.eos_id)
+  return config
+
+
+def export_hf(directory: str | os.PathLike, cfg: LlamaConfig, params: Params,
+              tokenizer: Any = None, dtype: Any = np.float32) -> pathlib.Path:
+  """Writes config.json and model.safetensors (and the tokenizer's files) into `directory`.
+
+  Args:
+    directory: created if missing; existing files of the same names are replaced.
+    cfg: the model's config.
+    params: its parameter tree (numpy or jax arrays, specjax layout).
+    tokenizer: optional specjax.tokenizer.Tokenizer; its files and bos/eos ids are written too.
+    dtype: dtype of the stored weights (and of config.json's torch_dtype).
+
+  Returns:
+    The directory, as a Path.
+  """
+  directory = pathlib.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  tensors = {}
+  for name, tree_path, kind in tensor_table(cfg):
+    w = np.asarray(_get(params, tree_path))
+    want = tuple(_get(cfg.param_shapes(), tree_path))
+    if w.shape != want:
+      raise ValueError(f'params{_keystr(tree_path)} has shape {w.shape}, expected {want}')
+    tensors[name] = np.ascontiguousarray(_transform(w, kind), dtype=dtype)
+  safetensors.numpy.save_file(tensors, directory / WEIGHTS_FILE, metadata={'format': 'pt'})
+  config = hf_config(cfg, dtype, tokenizer)
+  (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + '\n')
+  if tokenizer is not None:
+    tokenizer.save(directory)
+  return directory
+
+
+def _keystr(path: tuple[Any, ...]) -> str:
+  return ''.join(f'[{k!r}]' for k in path)
+
+
+def _rope_base(config: dict[str, Any], file: pathlib.Path) -> float:
+  """RoPE base of a plain (unscaled) RoPE, from either transformers 4 or 5 style fields."""
+  rope = config.get('rope_parameters') or config.get('rope_scaling') or {}
+  kind = rope.get('rope_type', rope.get('type', 'default'))
+  if kind != 'default':
+    raise ValueError(f'{file}: RoPE type {kind!r} is not supported (only plain RoPE)')
+  return float(rope.get('rope_theta', config.get('rope_theta', 10000.0)))
+
+
+def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE) -> LlamaConfig:
+  """A LlamaConfig from config.json contents; missing fields take transformers' defaults."""
+  file = pathlib.Path(file)
+  if config.get('model_type') != 'llama':
+    raise ValueError(f'{file}: model_type {config.get("model_type")!r} is not supported '
+                     "(load_hf reads 'llama' models only)")
+  for key, ok in (('hidden_act', 'silu'), ('attention_bias', False), ('mlp_bias', False)):
+    if config.get(key, ok) != ok:
+      raise ValueError(f'{file}: {key}={config[key]!r} is not supported (need {ok!r})')
+  try:
+    d_model, n_heads = int(config['hidden_size']), int(config['num_attention_heads'])
+    return LlamaConfig(
+      vocab_size=int(config['vocab_size']),
+      d_model=d_model,
+      n_layers=int(config['num_hidden_layers']),
+      n_heads=n_heads,
+      n_kv_heads=int(config.get('num_key_value_heads') or n_heads),
+      head_dim=int(config.get('head_dim') or d_model // n_heads),
+      ffn_dim=int(config['intermediate_size']),
+      rope_base=_rope_base(config, file),
+      norm_eps=float(config.get('rms_norm_eps', 1e-6)),
+      tie_embeddings=bool(config.get('tie_word_embeddings', False)),
+      max_seq_len=int(config.get('max_position_embeddings', 2048)),
+    )
+  except KeyError as e:
+    raise ValueError(f'{file}: required field {e.args[0]!r} is missing') from e
+
+
+def _open_shards(directory: pathlib.Path) -> dict[str, tuple[pathlib.Path, Any]]:
+  """Tensor name -> (file, open safetensors handle), over every *.safetensors file."""
+  files = sorted(directory.glob('*.safetensors'))
+  if not files:
+    raise FileNotFoundError(f'no *.safetensors files in {directory}')
+  names: dict[str, tuple[pathlib.Path, Any]] = {}
+  for file in files:
+    handle = safetensors.safe_open(file, framework='numpy')
+    for name in handle.keys():
+      if name in names:
+        raise ValueError(f'tensor {name!r} is in both {names[name][0]} and {file}')
+      names[name] = (file, handle)
+  return names
+
+
+def _check_names(directory: pathlib.Path, cfg: LlamaConfig, table: list, names: dict) -> None:
+  missing = [name for name, _, _ in table if name not in names]
+  if missing:
+    raise ValueError(f'{directory}: missing tensors {missing}')
+  expected = {name for name, _, _ in table}
+  if cfg.tie_embeddings:  # transformers ties a stored lm_head to the embedding anyway
+    expected.add('lm_head.weight')
+  unexpected = sorted(n for n in set(names) - expected if not n.endswith(IGNORED_SUFFIXES))
+  if unexpected:
+    raise ValueError(f'{directory}: unexpected tensors {unexpected}')
+
+
+def load_hf(directory: str | os.PathLike, dtype: Any = np.float32) -> tuple[LlamaConfig, Params]:
+  """Reads a Hugging Face Llama directory into (config, tree of host numpy arrays in `dtype`).
+
+  Reads every *.safetensors file (sharded checkpoints too); bf16 and f16 weights are converted.
+
+  Raises:
+    FileNotFoundError: no config.json or no *.safetensors file in `directory`.
+    ValueError: another architecture, or tensors missing, unexpected or of the wrong shape (the
+      message names the tensor and both shapes).
+  """
+  directory = pathlib.Path(directory)
+  config_file = directory / CONFIG_FILE
+  if not config_file.is_file():
+    raise FileNotFoundError(f'Hugging Face config not found: {config_file}')
+  cfg = config_from_hf(json.loads(config_file.read_text()), config_file)
+  names = _open_shards(directory)
+  table = tensor_table(cfg)
+  _check_names(directory, cfg, table, names)
+  shapes = cfg.param_shapes()
+  params: Params = {'layers': [{} for _ in range(cfg.n_layers)]}
+  for name, tree_path, kind in table:
+    file, handle = names[name]
+    have = tuple(handle.get_slice(name).get_shape())
+    want = tuple(reversed(_get(shapes, tree_path))) if kind == LINEAR else _get(shapes, tree_path)
+    if have != tuple(want):
+      raise ValueError(f'{file}: tensor {name!r} has shape {have}, expected {tuple(want)} '
+                       'from the config')
+    w = _transform(handle.get_tensor(name), kind)
+    _set(params, tree_path, np.array(w, dtype=dtype, order='C'))
+  return cfg, params

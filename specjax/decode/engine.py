@@ -1,0 +1,148 @@
+"""Host-side generation: validation, bucketing, sharding, jit and timing.
+
+The device side is two jitted calls per batch, prefill and a `lax.while_loop` that
+decodes every row to the end; nothing returns to the host between tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decode import autoregressive
+from specjax.decode.sampling import SamplingConfig
+from specjax.models import llama
+from specjax.models import sharding as sharding_lib
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+  """Generated ids per row (EOS included when emitted) and wall-clock timings."""
+
+  tokens: list[list[int]]
+  prompt_lens: list[int]
+  prefill_seconds: float
+  decode_seconds: float
+  steps: int
+
+  @property
+  def num_generated(self) -> int:
+    return sum(len(t) for t in self.tokens)
+
+  @property
+  def decode_tokens_per_second(self) -> float:
+    """Tokens produced by the decode loop (all but the prefill's first) per second."""
+    return (self.num_generated - len(self.tokens)) / max(self.decode_seconds, 1e-9)
+
+
+def default_buckets(cache_size: int) -> tuple[int, ...]:
+  """Powers of two from 16 up to the cache size (which is always a bucket)."""
+  buckets, b = [], 16
+  while b < cache_size:
+    buckets.append(b)
+    b *= 2
+  return tuple(buckets) + (cache_size,)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+  for b in sorted(buckets):
+    if b >= n:
+      return b
+  raise ValueError(f'length {n} exceeds the largest bucket {max(buckets)}')
+
+
+class Engine:
+  """Generates from one model; compiled functions are cached per (batch, bucket) shape.
+
+  Args:
+    params: parameter tree (numpy or jax arrays) matching `cfg`.
+    cfg: the model's LlamaConfig.
+    eos_id: the token that ends a row (-1 for none).
+    cache_size: KV slots per row: prompt + new tokens must fit.
+    mesh: optional (data, model) mesh; parameters are sharded by the default rules.
+    buckets: prompt lengths are right-padded up to one of these (default powers of 2).
+  """
+
+  def __init__(self, params, cfg: llama.LlamaConfig, *, eos_id: int, cache_size: int = 1024,
+               mesh: jax.sharding.Mesh | None = None, buckets: Sequence[int] | None = None,
+               pad_id: int = 0):
+    if not 0 < cache_size:
+      raise ValueError(f'cache_size must be positive, got {cache_size}')
+    if cache_size > cfg.max_seq_len:
+      raise ValueError(f'cache_size {cache_size} exceeds the model context {cfg.max_seq_len}')
+    llama.check_params(cfg, params)
+    self.cfg, self.eos_id, self.cache_size, self.mesh, self.pad_id = (
+        cfg, eos_id, cache_size, mesh, pad_id)
+    self.buckets = tuple(buckets) if buckets else default_buckets(cache_size)
+    if mesh is not None:
+      self.params = sharding_lib.shard_params(params, mesh)
+      constrain = functools.partial(sharding_lib.constrain_cache, mesh=mesh)
+    else:
+      self.params = jax.device_put(params)
+      constrain = None
+    self._prefill = jax.jit(
+        functools.partial(autoregressive.prefill, constrain_cache=constrain, pad_id=pad_id),
+        static_argnames=('cfg', 'sampling', 'eos_id', 'cache_size', 'out_len'))
+    self._decode = jax.jit(autoregressive.decode, static_argnames=('cfg', 'sampling', 'eos_id'),
+                           donate_argnames=('state',))
+
+  def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+              reserve: int = 0):
+    """Validates and pads a batch; returns (tokens[B, P], lengths[B], max_new[B], out_len).
+
+    `reserve` extra cache slots are kept free at the end of every row (speculative
+    verification writes a few tokens past the last emitted one).
+    """
+    if not prompts:
+      raise ValueError('no prompts to generate from')
+    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (len(prompts),))
+    lengths = np.array([len(p) for p in prompts], np.int64)
+    for i, (p, n, m) in enumerate(zip(prompts, lengths, max_new)):
+      if n == 0:
+        raise ValueError(f'prompt {i} is empty: it needs at least one token')
+      if m < 1:
+        raise ValueError(f'max_new_tokens must be >= 1, got {m} for prompt {i}')
+      if n + m + reserve > self.cache_size:
+        raise ValueError(
+            f'prompt {i} has {n} tokens; with max_new_tokens={m}'
+            + (f' and {reserve} reserved slots' if reserve else '')
+            + f' it needs {n + m + reserve} cache slots, but cache_size is {self.cache_size}')
+      ids = np.asarray(p)
+      if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+        raise ValueError(f'prompt {i} has token ids outside [0, {self.cfg.vocab_size})')
+    width = min(bucket_for(int(lengths.max()), self.buckets), self.cache_size)
+    tokens = np.full((len(prompts), width), self.pad_id, np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, :len(p)] = p
+    out_len = bucket_for(int(max_new.max()), default_buckets(1 << 30))
+    return tokens, lengths.astype(np.int32), max_new.astype(np.int32), out_len
+
+  def _put(self, x: np.ndarray) -> jax.Array:
+    if self.mesh is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, sharding_lib.batch_sharding(self.mesh, x.shape))
+
+  def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int] = 64,
+               sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> GenerationOutput:
+    """Generates for a batch of token-id prompts (different lengths allowed)."""
+    tokens, lengths, max_new, out_len = self.prepare(prompts, max_new_tokens)
+    key = jax.random.key(seed)
+    start = time.perf_counter()
+    state = self._prefill(self.params, self._put(tokens), self._put(lengths), self._put(max_new),
+                          key, cfg=self.cfg, sampling=sampling, eos_id=self.eos_id,
+                          cache_size=self.cache_size, out_len=out_len)
+    jax.block_until_ready(state)
+    mid = time.perf_counter()
+    state = self._decode(self.params, state, cfg=self.cfg, sampling=sampling, eos_id=self.eos_id)
+    out_tokens, counts, steps = jax.device_get((state.tokens, state.num_generated, state.step))
+    end = time.perf_counter()
+    return GenerationOutput(
+        tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],
+        prompt_lens=lengths.tolist(), prefill_seconds=mid - start, decode_seconds=end - mid,
+        steps=int(steps))

@@ -1,0 +1,73 @@
+"""Sampling settings and the logit warps shared by every decoding method.
+
+Greedy decoding is temperature 0. Otherwise logits are divided by the temperature,
+then restricted to the top-k tokens and to the smallest set whose probability
+reaches top-p. Speculative verifiers warp the target's and the draft's logits with
+the same function, so "lossless" always means: distributed as the *warped* target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static sampling settings. temperature 0 means greedy (argmax)."""
+
+  temperature: float = 0.0
+  top_k: int = 0  # 0: no top-k restriction
+  top_p: float = 1.0  # 1: no nucleus restriction
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f'sampling temperature must be >= 0, got {self.temperature}')
+    if not isinstance(self.top_k, int) or self.top_k < 0:
+      raise ValueError(f'sampling top_k must be an integer >= 0, got {self.top_k!r}')
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f'sampling top_p must be in (0, 1], got {self.top_p}')
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+def warp_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """Applies temperature, top-k and top-p to logits [..., V]; removed tokens get NEG_INF.
+
+  For greedy sampling every token but the argmax is removed.
+  """
+  logits = logits.astype(jnp.float32)
+  if sampling.greedy:
+    top = jnp.argmax(logits, axis=-1)
+    return jnp.where(jnp.arange(logits.shape[-1]) == top[..., None], 0.0, NEG_INF)
+  logits = logits / sampling.temperature
+  if 0 < sampling.top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if sampling.top_p < 1:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # Keep a sorted token while the mass before it is below top_p (the first always stays).
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    kept = jnp.where(mass_before < sampling.top_p, sorted_logits, jnp.inf)
+    threshold = jnp.min(kept, axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, NEG_INF, logits)
+  return logits
+
+
+def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """The warped distribution [..., V] that a sampler draws from."""
+  return jax.nn.softmax(warp_logits(logits, sampling), axis=-1)
+
+
+def sample(logits: jax.Array, key: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """Draws one token per row from logits [..., V] (argmax when greedy)."""
+  if sampling.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, warp_logits(logits, sampling), axis=-1).astype(jnp.int32)

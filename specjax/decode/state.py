@@ -1,0 +1,65 @@
+"""The decoding state shared by autoregressive and speculative loops.
+
+Invariants, per row b, after every step:
+  * tokens[b, :num_generated[b]] are the tokens emitted so far;
+  * the target cache holds the prompt and every emitted token but the last one, so
+    cache.lengths[b] == prompt_lens[b] + num_generated[b] - 1: the last emitted token
+    is the next model input;
+  * done[b] once the row emitted EOS or reached max_new[b]; a done row never changes.
+`commit` is the one place that enforces them (stopping rules included), so every
+decoding method advances rows the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.models.kv_cache import KVCache
+
+
+@struct.dataclass
+class DecodeState:
+  tokens: jax.Array  # [B, O] int32 emitted tokens, `pad` past num_generated
+  num_generated: jax.Array  # [B] int32
+  done: jax.Array  # [B] bool
+  prompt_lens: jax.Array  # [B] int32
+  max_new: jax.Array  # [B] int32
+  cache: KVCache  # the target's cache
+  key: jax.Array  # PRNG key, split once per step
+  step: jax.Array  # [] int32, loop iterations so far (prefill excluded)
+  extra: Any = None  # method-specific state (a drafter's cache, statistics, ...)
+
+  @property
+  def last_tokens(self) -> jax.Array:
+    """[B] the last emitted token of each row: the next input of the target."""
+    idx = jnp.maximum(self.num_generated - 1, 0)
+    return jnp.take_along_axis(self.tokens, idx[:, None], axis=1)[:, 0]
+
+
+def commit(state: DecodeState, new_tokens: jax.Array, counts: jax.Array,
+           eos_id: int) -> DecodeState:
+  """Appends new_tokens[b, :counts[b]] to each row, applying EOS and max_new.
+
+  new_tokens is [B, K]; rows that are done take nothing. A row stops at (and keeps)
+  its first EOS among the appended tokens. Returns the state with the target cache
+  rolled back or forward to the invariant length.
+  """
+  b, k = new_tokens.shape
+  offsets = jnp.arange(k, dtype=jnp.int32)
+  room = state.max_new - state.num_generated
+  counts = jnp.where(state.done, 0, jnp.minimum(counts.astype(jnp.int32), room))
+  is_eos = (new_tokens == eos_id) & (offsets[None, :] < counts[:, None])
+  hit_eos = jnp.any(is_eos, axis=1)
+  counts = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, counts)
+  positions = state.num_generated[:, None] + offsets[None, :]
+  positions = jnp.where(offsets[None, :] < counts[:, None], positions, state.tokens.shape[1])
+  rows = jnp.arange(b)[:, None]
+  tokens = state.tokens.at[rows, positions].set(new_tokens.astype(jnp.int32), mode='drop')
+  num_generated = state.num_generated + counts
+  done = state.done | hit_eos | (num_generated >= state.max_new)
+  cache = state.cache.with_lengths(state.prompt_lens + num_generated - 1)
+  return state.replace(tokens=tokens, num_generated=num_generated, done=done, cache=cache)

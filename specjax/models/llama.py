@@ -1,0 +1,206 @@
+"""A Llama-family decoder as pure functions over a plain parameter pytree.
+
+The one model contract of specjax, shared by drafts and targets:
+
+    forward(params, tokens[B, T], cache, cfg) -> (logits[B, T, V], cache)
+
+`tokens` are written into the cache at each row's own position (`cache.lengths`),
+attend to everything before them in that row, and the returned cache has every
+row's length advanced by T. Rolling a row back is lowering its length.
+
+Parameter tree (weights stored (in, out), so that a layer is `x @ w`):
+
+    {'embed': [V, D],
+     'layers': [{'attn_norm': [D], 'wq': [D, N*H], 'wk': [D, G*H], 'wv': [D, G*H],
+                 'wo': [N*H, D], 'mlp_norm': [D],
+                 'w_gate': [D, F], 'w_up': [D, F], 'w_down': [F, D]}, ...],   # L layers
+     'final_norm': [D],
+     'lm_head': [D, V]}            # only when embeddings are not tied
+
+Q and K rows are in Hugging Face order (half-split "rotate_half" RoPE).
+Dimension letters: B batch, T new tokens, S cache slots, V vocabulary, D model
+width, F hidden width, N query heads, G kv heads, R = N // G, H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.models.kv_cache import KVCache
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  """Static, hashable architecture description (usable as a jit static argument)."""
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  rope_base: float = 10000.0
+  norm_eps: float = 1e-5
+  tie_embeddings: bool = True
+  max_seq_len: int = 2048
+  name: str = 'llama'
+
+  def __post_init__(self):
+    for field in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim',
+                  'ffn_dim', 'max_seq_len'):
+      value = getattr(self, field)
+      if not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f'LlamaConfig.{field} must be a positive integer, got {value!r}')
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f'LlamaConfig.n_heads ({self.n_heads}) must be a multiple of '
+                       f'n_kv_heads ({self.n_kv_heads})')
+    if self.head_dim % 2:
+      raise ValueError(f'LlamaConfig.head_dim must be even for RoPE, got {self.head_dim}')
+    if self.rope_base <= 0 or self.norm_eps <= 0:
+      raise ValueError(f'LlamaConfig.rope_base and norm_eps must be positive, got '
+                       f'{self.rope_base} and {self.norm_eps}')
+
+  @property
+  def num_params(self) -> int:
+    d, f, h = self.d_model, self.ffn_dim, self.head_dim
+    per_layer = (2 * d + d * h * (self.n_heads * 2 + self.n_kv_heads * 2) + 3 * d * f)
+    head = 0 if self.tie_embeddings else d * self.vocab_size
+    return self.vocab_size * d + self.n_layers * per_layer + d + head
+
+  def param_shapes(self) -> Params:
+    """Shapes of every parameter, in the layout described in the module docstring."""
+    d, f = self.d_model, self.ffn_dim
+    nh, gh = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+    layer = {'attn_norm': (d,), 'wq': (d, nh), 'wk': (d, gh), 'wv': (d, gh), 'wo': (nh, d),
+             'mlp_norm': (d,), 'w_gate': (d, f), 'w_up': (d, f), 'w_down': (f, d)}
+    shapes = {'embed': (self.vocab_size, d), 'layers': [dict(layer) for _ in range(self.n_layers)],
+              'final_norm': (d,)}
+    if not self.tie_embeddings:
+      shapes['lm_head'] = (d, self.vocab_size)
+    return shapes
+
+
+def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> Params:
+  """Random parameters (normal(0, scale) matrices, unit norms)."""
+  shapes = cfg.param_shapes()
+  leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(key, len(leaves))
+  out = [jnp.ones(s, dtype) if len(s) == 1 else
+         (scale * jax.random.normal(k, s, jnp.float32)).astype(dtype)
+         for k, s in zip(keys, leaves)]
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def check_params(cfg: LlamaConfig, params: Params, source: str = 'params') -> None:
+  """Raises ValueError naming the first tensor whose shape disagrees with `cfg`."""
+  expected = cfg.param_shapes()
+  if set(params) != set(expected):
+    raise ValueError(f'{source}: parameter groups {sorted(params)} do not match the '
+                     f'config, expected {sorted(expected)}')
+  if len(params['layers']) != cfg.n_layers:
+    raise ValueError(f'{source}: {len(params["layers"])} layers, config says {cfg.n_layers}')
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  want = dict(jax.tree_util.tree_flatten_with_path(
+      expected, is_leaf=lambda x: isinstance(x, tuple))[0])
+  for path, leaf in flat:
+    if path not in want:
+      raise ValueError(f'{source}: unexpected parameter {jax.tree_util.keystr(path)}')
+    if tuple(leaf.shape) != tuple(want[path]):
+      raise ValueError(f'{source}: parameter {jax.tree_util.keystr(path)} has shape '
+                       f'{tuple(leaf.shape)}, expected {tuple(want[path])}')
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (x32 * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, base: float):
+  """cos and sin tables [B, T, 1, H/2] for integer positions [B, T]."""
+  inv_freq = base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+  return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Half-split RoPE on x[B, T, heads, H]."""
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention.
+
+  q[B, T, N, H] against the whole cache k, v[B, S, G, H]; mask[B, T, S] says which
+  slots each query sees. Returns [B, T, N, H].
+  """
+  b, t, n, h = q.shape
+  g = k.shape[2]
+  q = q.reshape(b, t, g, n // g, h)
+  scores = jnp.einsum('BTGRH,BSGH->BGRTS', q, k).astype(jnp.float32) * (h ** -0.5)
+  scores = jnp.where(mask[:, None, None], scores, -1e30)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum('BGRTS,BSGH->BTGRH', probs, v)
+  return out.reshape(b, t, n, h)
+
+
+def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+  """buffer[b, positions[b, t]] = new[b, t]; writes past the end are dropped."""
+  rows = jnp.arange(buffer.shape[0])[:, None]
+  return buffer.at[rows, positions].set(new.astype(buffer.dtype), mode='drop')
+
+
+def forward_hidden(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
+                   layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+  """Runs the decoder stack; returns final-normed hidden states [B, T, D] and the cache.
+
+  `layers` (static) selects a subset of layers to run, in order, for self-speculative
+  drafts; skipped layers keep their cache untouched. None runs all.
+  """
+  b, t = tokens.shape
+  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
+  mask = jnp.arange(cache.size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+  cos, sin = rope_tables(positions, h, cfg.rope_base)
+  x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
+  new_k, new_v = list(cache.k), list(cache.v)
+  for i in (range(cfg.n_layers) if layers is None else layers):
+    p = params['layers'][i]
+    y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
+    q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
+    k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
+    v = (y @ p['wv']).reshape(b, t, g, h)
+    new_k[i] = _write(cache.k[i], k, positions)
+    new_v[i] = _write(cache.v[i], v, positions)
+    attn = attention(q, new_k[i], new_v[i], mask)
+    x = x + attn.reshape(b, t, n * h) @ p['wo']
+    y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
+    x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
+  x = rms_norm(x, params['final_norm'], cfg.norm_eps)
+  return x, KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
+
+
+def logits_from_hidden(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
+  """Output head: hidden [..., D] -> float32 logits [..., V]."""
+  if cfg.tie_embeddings:
+    logits = jnp.einsum('...D,VD->...V', x, params['embed'])
+  else:
+    logits = x @ params['lm_head']
+  return logits.astype(jnp.float32)
+
+
+def forward(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
+            layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+  """The model contract: tokens[B, T] -> (float32 logits[B, T, V], cache advanced by T)."""
+  x, cache = forward_hidden(params, tokens, cache, cfg, layers)
+  return logits_from_hidden(params, x, cfg), cache
