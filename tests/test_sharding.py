@@ -1,0 +1,66 @@
+"""Sharded generation on 8 simulated CPU devices equals unsharded generation."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from specjax import testing
+from specjax.models import sharding
+
+SCRIPT = textwrap.dedent('''
+    import json, jax
+    from specjax import testing
+    from specjax.decode.engine import Engine
+    from specjax.decode.sampling import SamplingConfig
+    from specjax.models import sharding
+    assert jax.device_count() == 8, jax.devices()
+    cfg, params = testing.tiny_model(seed=5)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
+    mesh = sharding.make_mesh(data=4, model=2)
+    sharded = Engine(params, cfg, eos_id=-1, cache_size=64, mesh=mesh)
+    single = Engine(params, cfg, eos_id=-1, cache_size=64)
+    s = SamplingConfig(temperature=1.0, top_k=16)
+    out = {
+        'wq_spec': str(sharded.params['layers'][0]['wq'].sharding.spec),
+        'wq_devices': len(sharded.params['layers'][0]['wq'].sharding.device_set),
+        'greedy': [sharded.generate(prompts, 12).tokens, single.generate(prompts, 12).tokens],
+        'sampled': [sharded.generate(prompts, 12, s, seed=3).tokens,
+                    single.generate(prompts, 12, s, seed=3).tokens],
+    }
+    print('RESULT' + json.dumps(out))
+''')
+
+
+def test_tensor_and_data_parallel_generation_matches_one_device():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-c', SCRIPT], env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT'))
+  out = json.loads(line[len('RESULT'):])
+  assert out['wq_spec'] == str(P(None, 'model')) and out['wq_devices'] == 8
+  assert out['greedy'][0] == out['greedy'][1]
+  assert out['sampled'][0] == out['sampled'][1]
+
+
+def test_rules_replicate_dimensions_the_mesh_does_not_divide():
+  cfg, params = testing.tiny_model(n_heads=3, n_kv_heads=3, head_dim=8, d_model=24)
+  mesh = jax.sharding.Mesh([[jax.devices()[0]]], ('data', 'model'))
+  fake = jax.sharding.AbstractMesh((1, 2), ('data', 'model'))
+  assert sharding.fit_spec(P(None, 'model'), (24, 24), fake) == P(None, 'model')
+  assert sharding.fit_spec(P(None, 'model'), (24, 9), fake) == P(None, None)
+  specs = sharding.param_specs(params, mesh)
+  assert specs['layers'][0]['w_down'] == P('model', None)
+  assert specs['final_norm'] == P(None)
+
+
+def test_mesh_larger_than_the_machine_is_refused():
+  with pytest.raises(ValueError, match='needs 64 devices'):
+    sharding.make_mesh(data=8, model=8)
