@@ -99,7 +99,7 @@ def _corrupt(path: pathlib.Path, problem: str) -> ValueError:
 def open_reader(path: str | os.PathLike) -> gguf.GGUFReader:
   """A GGUFReader over `path`, with clear errors for missing, truncated and corrupt files."""
   path = pathlib.Path(path)
-  if not path.is_file():
+  if not path.exists():
     raise FileNotFoundError(f'GGUF file not found: {path}')
   try:
     reader = gguf.GGUFReader(path)

@@ -9,6 +9,7 @@ Hugging Face stores linear weights as torch (out, in) matrices and Q/K rows in h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -120,10 +121,10 @@ def export_hf(directory: str | os.PathLike, cfg: LlamaConfig, params: Params,
   """
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  tensors = {}
+  tensors, shapes = {}, cfg.param_shapes()
   for name, tree_path, kind in tensor_table(cfg):
     w = np.asarray(_get(params, tree_path))
-    want = tuple(_get(cfg.param_shapes(), tree_path))
+    want = tuple(_get(shapes, tree_path))
     if w.shape != want:
       raise ValueError(f'params{_keystr(tree_path)} has shape {w.shape}, expected {want}')
     tensors[name] = np.ascontiguousarray(_transform(w, kind), dtype=dtype)
@@ -176,14 +177,15 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
     raise ValueError(f'{file}: required field {e.args[0]!r} is missing') from e
 
 
-def _open_shards(directory: pathlib.Path) -> dict[str, tuple[pathlib.Path, Any]]:
+def _open_shards(directory: pathlib.Path,
+                 stack: contextlib.ExitStack) -> dict[str, tuple[pathlib.Path, Any]]:
   """Tensor name -> (file, open safetensors handle), over every *.safetensors file."""
   files = sorted(directory.glob('*.safetensors'))
   if not files:
     raise FileNotFoundError(f'no *.safetensors files in {directory}')
   names: dict[str, tuple[pathlib.Path, Any]] = {}
   for file in files:
-    handle = safetensors.safe_open(file, framework='numpy')
+    handle = stack.enter_context(safetensors.safe_open(file, framework='numpy'))
     for name in handle.keys():
       if name in names:
         raise ValueError(f'tensor {name!r} is in both {names[name][0]} and {file}')
@@ -218,18 +220,23 @@ def load_hf(directory: str | os.PathLike, dtype: Any = np.float32) -> tuple[Llam
   if not config_file.is_file():
     raise FileNotFoundError(f'Hugging Face config not found: {config_file}')
   cfg = config_from_hf(json.loads(config_file.read_text()), config_file)
-  names = _open_shards(directory)
-  table = tensor_table(cfg)
-  _check_names(directory, cfg, table, names)
-  shapes = cfg.param_shapes()
-  params: Params = {'layers': [{} for _ in range(cfg.n_layers)]}
-  for name, tree_path, kind in table:
-    file, handle = names[name]
-    have = tuple(handle.get_slice(name).get_shape())
-    want = tuple(reversed(_get(shapes, tree_path))) if kind == LINEAR else _get(shapes, tree_path)
-    if have != tuple(want):
-      raise ValueError(f'{file}: tensor {name!r} has shape {have}, expected {tuple(want)} '
-                       'from the config')
-    w = _transform(handle.get_tensor(name), kind)
-    _set(params, tree_path, np.array(w, dtype=dtype, order='C'))
+  with contextlib.ExitStack() as stack:
+    names = _open_shards(directory, stack)
+    table = tensor_table(cfg)
+    _check_names(directory, cfg, table, names)
+    params: Params = {'layers': [{} for _ in range(cfg.n_layers)]}
+    shapes = cfg.param_shapes()
+    for name, tree_path, kind in table:
+      _set(params, tree_path, _read(names[name], name, _get(shapes, tree_path), kind, dtype))
   return cfg, params
+
+
+def _read(source: tuple[pathlib.Path, Any], name: str, shape: tuple[int, ...], kind: str,
+          dtype: Any) -> np.ndarray:
+  """One tensor, checked to become a leaf of tree shape `shape`, in tree layout and `dtype`."""
+  file, handle = source
+  have = tuple(handle.get_slice(name).get_shape())
+  want = tuple(reversed(shape)) if kind == LINEAR else tuple(shape)
+  if have != want:
+    raise ValueError(f'{file}: tensor {name!r} has shape {have}, expected {want} from the config')
+  return np.array(_transform(handle.get_tensor(name), kind), dtype=dtype, order='C')

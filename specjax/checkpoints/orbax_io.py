@@ -49,18 +49,21 @@ def save_params(directory: str | os.PathLike, params: Params, cfg: LlamaConfig |
   return directory
 
 
+def _lists(tree: Any) -> Any:
+  """Turns dicts keyed '0'..'n-1' (how some orbax versions store lists) back into lists."""
+  if isinstance(tree, dict):
+    tree = {k: _lists(v) for k, v in tree.items()}
+    if tree and set(tree) == {str(i) for i in range(len(tree))}:
+      return [tree[str(i)] for i in range(len(tree))]
+  elif isinstance(tree, (list, tuple)):
+    return [_lists(v) for v in tree]
+  return tree
+
+
 def _abstract(cfg: LlamaConfig, stored: Any) -> Params:
   """Restore target: the tree of `cfg.param_shapes()` (lists stay lists) with stored dtypes."""
-  shapes = cfg.param_shapes()
-  paths, treedef = jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda x: isinstance(x, tuple))
-  leaves = []
-  for path, shape in paths:
-    meta = stored
-    for key in path:
-      meta = meta[key.key if hasattr(key, 'key') else key.idx]
-    leaves.append(jax.ShapeDtypeStruct(shape, meta.dtype))
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  return jax.tree.map(lambda shape, meta: jax.ShapeDtypeStruct(shape, meta.dtype),
+                      cfg.param_shapes(), stored, is_leaf=lambda x: isinstance(x, tuple))
 
 
 def restore_params(directory: str | os.PathLike,
@@ -88,7 +91,7 @@ def restore_params(directory: str | os.PathLike,
     saved = checkpointer.restore(directory, args=ocp.args.Composite(
         **{_CONFIG: ocp.args.JsonRestore()}))[_CONFIG]
     cfg = LlamaConfig(**saved)
-  stored = metadata[_PARAMS].tree
+  stored = _lists(metadata[_PARAMS].tree)
   if cfg is None:
     target = None
   else:
