@@ -65,7 +65,8 @@ class Engine:
     params: parameter tree (numpy or jax arrays) matching `cfg`.
     cfg: the model's LlamaConfig.
     eos_id: the token that ends a row (-1 for none).
-    cache_size: KV slots per row: prompt + new tokens must fit.
+    cache_size: the most KV slots a row may use: prompt + new tokens must fit. Each
+      batch allocates only the smallest bucket that fits it.
     mesh: optional (data, model) mesh; parameters are sharded by the default rules.
     buckets: prompt lengths are right-padded up to one of these (default powers of 2).
   """
@@ -80,7 +81,10 @@ class Engine:
     llama.check_params(cfg, params)
     self.cfg, self.eos_id, self.cache_size, self.mesh, self.pad_id = (
         cfg, eos_id, cache_size, mesh, pad_id)
-    self.buckets = tuple(buckets) if buckets else default_buckets(cache_size)
+    if buckets and (min(buckets) < 1 or max(buckets) > cache_size):
+      raise ValueError(f'buckets must lie in [1, cache_size={cache_size}], got {sorted(buckets)}')
+    self.buckets = (tuple(sorted(set(buckets) | {cache_size})) if buckets
+                    else default_buckets(cache_size))
     if mesh is not None:
       self.params = sharding_lib.shard_params(params, mesh)
       constrain = functools.partial(sharding_lib.constrain_cache, mesh=mesh)
@@ -96,10 +100,13 @@ class Engine:
 
   def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
               reserve: int = 0):
-    """Validates and pads a batch; returns (tokens[B, P], lengths[B], max_new[B], out_len).
+    """Validates and pads a batch.
 
-    `reserve` extra cache slots are kept free at the end of every row (speculative
-    verification writes a few tokens past the last emitted one).
+    Returns (tokens[B, P], lengths[B], max_new[B], out_len, slots): P is the prompt
+    bucket, out_len the output buffer, and slots the cache size this batch gets: the
+    smallest bucket that holds its longest row (attention reads every slot, so a
+    short batch should not pay for the engine's full cache_size). `reserve` extra
+    slots stay free at the end of every row (a verifier writes past the last token).
     """
     if not prompts:
       raise ValueError('no prompts to generate from')
@@ -118,12 +125,13 @@ class Engine:
       ids = np.asarray(p)
       if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
         raise ValueError(f'prompt {i} has token ids outside [0, {self.cfg.vocab_size})')
-    width = min(bucket_for(int(lengths.max()), self.buckets), self.cache_size)
+    slots = bucket_for(int((lengths + max_new).max()) + reserve, self.buckets)
+    width = min(bucket_for(int(lengths.max()), self.buckets), slots)
     tokens = np.full((len(prompts), width), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
       tokens[i, :len(p)] = p
     out_len = bucket_for(int(max_new.max()), default_buckets(1 << 30))
-    return tokens, lengths.astype(np.int32), max_new.astype(np.int32), out_len
+    return tokens, lengths.astype(np.int32), max_new.astype(np.int32), out_len, slots
 
   def _put(self, x: np.ndarray) -> jax.Array:
     if self.mesh is None:
@@ -138,23 +146,23 @@ class Engine:
     is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
     out of the prefill and decode timings.
     """
-    tokens, lengths, max_new, out_len = self.prepare(prompts, max_new_tokens)
-    shape_key = (tokens.shape, out_len, sampling)
+    tokens, lengths, max_new, out_len, slots = self.prepare(prompts, max_new_tokens)
+    shape_key = (tokens.shape, out_len, slots, sampling)
     compile_seconds = 0.0
     if shape_key not in self._warm:
       start = time.perf_counter()
-      self._run(tokens, lengths, np.ones_like(max_new), out_len, sampling, seed)
+      self._run(tokens, lengths, np.ones_like(max_new), out_len, slots, sampling, seed)
       compile_seconds = time.perf_counter() - start
       self._warm.add(shape_key)
-    out = self._run(tokens, lengths, max_new, out_len, sampling, seed)
+    out = self._run(tokens, lengths, max_new, out_len, slots, sampling, seed)
     out.compile_seconds = compile_seconds
     return out
 
-  def _run(self, tokens, lengths, max_new, out_len, sampling, seed) -> GenerationOutput:
+  def _run(self, tokens, lengths, max_new, out_len, slots, sampling, seed) -> GenerationOutput:
     start = time.perf_counter()
     state = self._prefill(self.params, self._put(tokens), self._put(lengths), self._put(max_new),
                           jax.random.key(seed), cfg=self.cfg, sampling=sampling,
-                          eos_id=self.eos_id, cache_size=self.cache_size, out_len=out_len)
+                          eos_id=self.eos_id, cache_size=slots, out_len=out_len)
     jax.block_until_ready(state)
     mid = time.perf_counter()
     state = self._decode(self.params, state, cfg=self.cfg, sampling=sampling, eos_id=self.eos_id)
