@@ -1,8 +1,9 @@
 """The embedded default: SmolLM2-135M-Instruct on this machine's CPU.
 
   python -m specjax.run --config configs/smollm2.py --config.prompt="What is the capital of France?"
-  python -m specjax.run --config configs/smollm2.py --config.prompts=humaneval --config.num_prompts=4
-  python -m specjax.run --config configs/smollm2.py:tiny    # random tiny model: seconds, no download
+  python -m specjax.run --config configs/smollm2.py --config.prompts=humaneval \
+      --config.num_prompts=4
+  python -m specjax.run --config configs/smollm2.py:tiny  # random tiny model, no download
 
 Arguments after the colon (comma separated): `tiny` swaps in a random 2-layer byte-level
 model and shrinks everything so the whole path runs in seconds.

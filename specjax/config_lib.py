@@ -28,7 +28,8 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       try:
         out[key] = type(default)(value)
       except ValueError as e:
-        raise ValueError(f'config argument {key}={value!r}: expected {type(default).__name__}') from e
+        kind = type(default).__name__
+        raise ValueError(f'config argument {key}={value!r}: expected {kind}') from e
   return out
 
 

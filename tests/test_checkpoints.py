@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import pathlib
 
@@ -226,10 +227,7 @@ def test_load_gguf_unsupported_type(tmp_path):
 @pytest.fixture(scope='module')
 def smollm2_path() -> pathlib.Path:
   from specjax import assets
-  try:
-    return assets.fetch('smollm2-135m-instruct')
-  except assets.AssetError as e:
-    pytest.skip(f'SmolLM2 GGUF unavailable: {e}')
+  return assets.fetch('smollm2-135m-instruct')
 
 
 @pytest.mark.slow
@@ -262,9 +260,8 @@ def test_load_real_smollm2(smollm2_path):
 @pytest.mark.slow
 def test_real_smollm2_weights_match_transformers_gguf_loader(smollm2_path, tmp_path):
   """transformers' own GGUF conversion gives the same weights as load_gguf + export_hf."""
-  pytest.importorskip('accelerate')
-  transformers = pytest.importorskip('transformers')
-  torch = pytest.importorskip('torch')
+  transformers = importlib.import_module('transformers')
+  torch = importlib.import_module('torch')
   cfg, params = gguf_io.load_gguf(smollm2_path, progress=False)
   ours = hf.export_hf(tmp_path / 'hf', cfg, params)
   del params
@@ -327,8 +324,8 @@ def test_hf_bf16_and_sharded(tmp_path):
   {'tie_embeddings': False, 'head_dim': 16, 'n_kv_heads': 1},
 ])
 def test_hf_export_matches_transformers(tmp_path, overrides):
-  transformers = pytest.importorskip('transformers')
-  torch = pytest.importorskip('torch')
+  transformers = importlib.import_module('transformers')
+  torch = importlib.import_module('torch')
   cfg, params = tiny(**overrides)
   cfg = dataclasses.replace(cfg, rope_base=500.0)  # a base that is no default
   hf.export_hf(tmp_path, cfg, params)

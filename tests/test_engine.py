@@ -1,8 +1,6 @@
 """Autoregressive generation: one while_loop, ragged batches, per-row stopping, clear errors."""
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from specjax import testing

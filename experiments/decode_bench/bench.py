@@ -1,6 +1,7 @@
 r"""Decode speed of specjax on SmolLM2-135M-Instruct against the memory roofline and transformers.
 
-  python experiments/decode_bench/bench.py --rounds 3 --max_new 128 --out experiments/decode_bench/results
+  python experiments/decode_bench/bench.py --rounds 3 --max_new 128 \
+      --out experiments/decode_bench/results
 
 Measures, interleaved round by round so machine drift hits every method alike:
   * this machine's read bandwidth (numpy single thread, a jitted JAX reduction; the best
@@ -85,7 +86,8 @@ def main():
 
   model = loader.load_model('smollm2-135m-instruct')
   tok = model.tokenizer
-  prompts = [tok.encode_chat(p.text) for p in prompts_lib.load_prompts('mtbench')[::10]]  # 1/category
+  mtbench = prompts_lib.load_prompts('mtbench')
+  prompts = [tok.encode_chat(p.text) for p in mtbench[::10]]  # one per category
   long_prompt = (sum(prompts, []) * 4)[:128]
   engine = Engine(model.params, model.cfg, eos_id=-1, cache_size=1024)
   weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))

@@ -1,0 +1,26 @@
+"""Every notebook in colabs/ runs top to bottom (its code cells, in order, in one namespace)."""
+
+import glob
+import os
+
+import nbformat
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, 'colabs', '*.ipynb')))
+
+
+def test_there_are_notebooks():
+  assert NOTEBOOKS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+def test_notebook_runs(path, monkeypatch):
+  monkeypatch.chdir(os.path.dirname(path))
+  namespace = {'__name__': '__main__'}
+  for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+    if cell.cell_type != 'code':
+      continue
+    source = '\n'.join(l for l in cell.source.splitlines() if not l.lstrip().startswith(('!', '%')))
+    exec(compile(source, f'{os.path.basename(path)} cell {i}', 'exec'), namespace)

@@ -1,0 +1,89 @@
+"""The entry point end to end: configs, work directory outputs and clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specjax import run_lib
+from specjax.models import loader
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**overrides):
+  sys.path.insert(0, os.path.join(ROOT, 'configs'))
+  import smollm2  # noqa: E402  (configs/ is not a package)
+  config = smollm2.get_config('tiny')
+  config.update(overrides)
+  return config
+
+
+def test_tiny_prompt_set_writes_results(tmp_path):
+  prompts = tmp_path / 'mine.jsonl'
+  prompts.write_text('{"prompt": "hello there", "category": "greet"}\n'
+                     '{"turns": ["count to three", "again"], "category": "math"}\n'
+                     '{"prompt": "bye"}\n')
+  summary = run_lib.main(tiny_config(prompts=str(prompts), num_prompts=3, batch_size=2),
+                         str(tmp_path / 'out'), verbose=False)
+  records = [json.loads(l) for l in (tmp_path / 'out' / 'generations.jsonl').read_text()
+             .splitlines()]
+  assert [r['category'] for r in records] == ['greet', 'math', 'default']
+  assert records[1]['prompt'] == 'count to three'
+  assert all(1 <= r['new_tokens'] <= 16 and isinstance(r['output'], str) for r in records)
+  saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
+  assert saved == summary and saved['num_prompts'] == 3
+  assert saved['new_tokens'] == sum(r['new_tokens'] for r in records)
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('max_new_tokens', 0, r'config.max_new_tokens = 0: expected an integer >= 1'),
+    ('batch_size', -1, 'config.batch_size'),
+    ('num_prompts', 0, 'config.num_prompts'),
+    ('temperature', -0.5, 'temperature must be >= 0'),
+    ('top_p', 0.0, 'top_p'),
+    ('dtype', 'float8', "config.dtype = 'float8'"),
+    ('model', 'gpt-17', "unknown model 'gpt-17'"),
+    ('prompts', 'nosuchset', 'nosuchset'),
+])
+def test_invalid_config_values_are_named(tmp_path, field, value, match):
+  with pytest.raises(ValueError, match=match):
+    run_lib.main(tiny_config(**{field: value}), str(tmp_path), verbose=False)
+
+
+def test_unwritable_workdir_is_named(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('not a directory')
+  with pytest.raises(ValueError, match=r"work directory '.*file/sub' cannot be written"):
+    run_lib.main(tiny_config(), str(blocker / 'sub'), verbose=False)
+
+
+def test_missing_gguf_file_is_named():
+  with pytest.raises(FileNotFoundError, match='nowhere.gguf'):
+    loader.load_model('/nowhere.gguf')
+
+
+def test_command_line_overrides_and_errors(tmp_path):
+  base = [sys.executable, '-m', 'specjax.run', '--config', 'configs/smollm2.py:tiny',
+          '--workdir', str(tmp_path)]
+  ok = subprocess.run(base + ['--config.prompt=Hi!', '--config.max_new_tokens=5'], cwd=ROOT,
+                      capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert json.loads((tmp_path / 'results.json').read_text())['new_tokens'] <= 5
+  bad = subprocess.run(base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  assert bad.returncode == 2 and 'config.max_new_tokens = 0' in bad.stderr
+  assert 'Traceback' not in bad.stderr
+
+
+@pytest.mark.slow
+def test_readme_command_answers_paris(tmp_path):
+  out = subprocess.run([sys.executable, '-m', 'specjax.run', '--config', 'configs/smollm2.py',
+                        '--config.prompt=What is the capital of France?', '--workdir',
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert 'Paris' in out.stdout
+  assert 'tok/s' in out.stdout
