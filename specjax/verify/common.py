@@ -1,0 +1,78 @@
+"""What verifiers share: the Plan, its exact stopping distribution, and its sampler."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+TINY = 1e-12
+
+
+@struct.dataclass
+class Plan:
+  """A verifier's decision rule for one drafted block.
+
+  thresholds[B, K]: the probability attached to each draft position;
+  residuals[B, K+1, V]: the next token's distribution if `k` draft tokens are kept;
+  rule (static): 'first_failure' keeps draft tokens until the first position whose
+    uniform draw exceeds its threshold (token-level verification); 'last_success' keeps
+    up to the last position whose draw is below its threshold (block verification).
+  """
+
+  thresholds: jax.Array
+  residuals: jax.Array
+  rule: str = struct.field(pytree_node=False, default='first_failure')
+
+
+def stop_distribution(plan: Plan) -> jax.Array:
+  """Exact P(accepted = k) for k = 0..K, [B, K+1], from independent uniform draws."""
+  h = plan.thresholds
+  ones = jnp.ones(h.shape[:-1] + (1,), h.dtype)
+  if plan.rule == 'first_failure':
+    survive = jnp.cumprod(jnp.concatenate([ones, h], -1), -1)  # P(first k accepted)
+    fail = jnp.concatenate([1 - h, ones], -1)
+    return survive * fail
+  # last_success: k is chosen when draw k succeeds and every later draw fails (k=0: all fail).
+  later_fail = jnp.cumprod(jnp.concatenate([ones, (1 - h)[..., ::-1]], -1), -1)[..., ::-1]
+  return jnp.concatenate([ones, h], -1) * later_fail
+
+
+def sample_stop(plan: Plan, key: jax.Array) -> jax.Array:
+  """Draws the number of kept draft tokens [B] with the law of `stop_distribution`."""
+  h = plan.thresholds
+  u = jax.random.uniform(key, h.shape, h.dtype)
+  ok = u < h
+  if plan.rule == 'first_failure':
+    return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), -1), -1)
+  positions = jnp.arange(1, h.shape[-1] + 1)
+  return jnp.max(jnp.where(ok, positions, 0), -1).astype(jnp.int32)
+
+
+def normalise_or(residual: jax.Array, fallback: jax.Array) -> jax.Array:
+  """residual / its sum, or `fallback` where the residual has (numerically) no mass."""
+  total = jnp.sum(residual, -1, keepdims=True)
+  return jnp.where(total > TINY, residual / jnp.maximum(total, TINY), fallback)
+
+
+def ratio(p: jax.Array, q: jax.Array) -> jax.Array:
+  """p / q with q = 0 read as an unbounded ratio where p > 0 and as 0 where p = 0."""
+  return jnp.where(q > 0, p / jnp.where(q > 0, q, 1.0), jnp.where(p > 0, jnp.inf, 0.0))
+
+
+def sample_next(plan: Plan, accepted: jax.Array, key: jax.Array) -> jax.Array:
+  """Draws the token that follows the kept draft tokens from the plan's residual."""
+  dist = jnp.take_along_axis(plan.residuals, accepted[:, None, None], axis=1)[:, 0]  # [B, V]
+  logits = jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1.0)), -jnp.inf)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def run_plan(plan: Plan, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  k_stop, k_next = jax.random.split(key)
+  accepted = sample_stop(plan, k_stop)
+  return accepted, sample_next(plan, accepted, k_next)
+
+
+def draft_token_probs(dist: jax.Array, tokens: jax.Array) -> jax.Array:
+  """dist[B, K, V] evaluated at tokens[B, K] -> [B, K]."""
+  return jnp.take_along_axis(dist, tokens[..., None], axis=-1)[..., 0]
