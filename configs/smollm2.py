@@ -6,7 +6,8 @@
   python -m specjax.run --config configs/smollm2.py:tiny  # random tiny model, no download
 
 Arguments after the colon (comma separated): `tiny` swaps in a random 2-layer byte-level
-model and shrinks everything so the whole path runs in seconds.
+model and shrinks everything so the whole path runs in seconds; `sweep` sets gammas to
+(1, 2, 4, 8).
 """
 
 import ml_collections
@@ -15,7 +16,7 @@ from specjax import config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = config_lib.parse_arg(arg, tiny=False)
+  args = config_lib.parse_arg(arg, tiny=False, sweep=False)
   c = ml_collections.ConfigDict()
   c.model = 'tiny' if args.tiny else 'smollm2-135m-instruct'  # asset name, .gguf, HF dir, tiny
   c.dtype = 'float32'  # bfloat16 is 6-10x slower on XLA:CPU; use it on accelerators
@@ -32,4 +33,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.top_p = 1.0
   c.seed = 0
   c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
+  # Speculative decoding, compared with autoregressive decoding in the same run. Until a
+  # distilled draft exists the draft is the target's first layers (untrained: it shows the
+  # machinery, not a speedup). '' runs autoregressive decoding only.
+  c.draft = 'truncated:1' if args.tiny else 'truncated:4'
+  c.verifier = 'rejection'  # rejection, block, or greedy (temperature 0 only)
+  c.gammas = (1, 2, 4, 8) if args.sweep else (4,)  # or --config.gammas='(1, 2, 4, 8)'
   return c

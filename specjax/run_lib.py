@@ -11,7 +11,7 @@ import time
 import ml_collections
 import numpy as np
 
-from specjax import config_lib
+from specjax import config_lib, verify
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 from specjax.decode.sampling import SamplingConfig
@@ -29,6 +29,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
   config_lib.check(c.mesh.data >= 1 and c.mesh.model >= 1, 'mesh', c.mesh.to_dict(),
                    'data >= 1 and model >= 1')
+  verifiers = sorted(verify.VERIFIERS)
+  config_lib.check(c.verifier in verifiers, 'verifier', c.verifier, f'one of {verifiers}')
   if c.prompt and not c.prompt.strip():
     raise ValueError('config.prompt is empty (only whitespace)')
   try:
@@ -57,12 +59,29 @@ def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
   return {f'p{q}': float(np.percentile(values, q)) for q in qs}
 
 
-def build_engine(config, model: loader.LoadedModel) -> Engine:
+def build_engine(config, model: loader.LoadedModel) -> tuple[Engine, str]:
+  """The engine for the config's target, with its draft when speculative methods are asked."""
   mesh = None
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
-  return Engine(model.params, model.cfg, eos_id=model.tokenizer.eos_id,
-                cache_size=config.cache_size, mesh=mesh)
+  drafter, draft_params, label = None, None, ''
+  if config.draft and config.gammas:
+    drafter, draft_params, label = loader.load_draft(config.draft, model, config.dtype)
+  engine = Engine(model.params, model.cfg, eos_id=model.tokenizer.eos_id,
+                  cache_size=config.cache_size, mesh=mesh, drafter=drafter,
+                  draft_params=draft_params)
+  return engine, label
+
+
+def build_methods(config) -> list[tuple[str, int]]:
+  """(name, gamma) for every method to run: autoregressive first, then the gamma sweep."""
+  methods = [('autoregressive', 0)]
+  if config.draft:
+    for g in config.gammas:
+      config_lib.check(isinstance(g, int) and g >= 1, 'gammas', tuple(config.gammas),
+                       'draft lengths, each an integer >= 1')
+      methods.append((f'speculative gamma={g}', g))
+  return methods
 
 
 def load_workload(config) -> list[prompts_lib.Prompt]:
@@ -73,16 +92,26 @@ def load_workload(config) -> list[prompts_lib.Prompt]:
 
 def main(config: ml_collections.ConfigDict, workdir: str | None = None,
          verbose: bool = True) -> dict:
-  """Loads the model, generates for the workload, writes results; returns the summary."""
+  """Loads the model, runs every method on the workload, writes results; returns them.
+
+  Methods run interleaved batch by batch (every method on a batch before the next
+  batch), so drift of a shared machine hits them alike. Compilation is kept out of
+  every timing and reported separately.
+  """
   say = print if verbose else (lambda *a, **k: None)
   validate(config)
   out_dir = make_workdir(workdir)
   workload = load_workload(config)
+  methods = build_methods(config)
   start = time.perf_counter()
   model = loader.load_model(config.model, config.dtype)
   say(f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
       f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s')
-  engine = build_engine(config, model)
+  engine, draft_label = build_engine(config, model)
+  if draft_label:
+    say(f'draft: {draft_label}; verifier: {config.verifier}')
+    if 'untrained' in draft_label:
+      say('  (an untrained stand-in until a distilled draft exists: expect low acceptance)')
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   encoded = []
   for p in workload:
@@ -90,53 +119,104 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
       encoded.append(model.tokenizer.encode_chat(p.text))
     except ValueError as e:
       raise ValueError(f'prompt {p.id!r}: {e}') from None
-  records, compile_seconds = [], 0.0
+  records = {name: [] for name, _ in methods}
+  compile_seconds = {name: 0.0 for name, _ in methods}
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
-    out = engine.generate([encoded[j] for j in batch], config.max_new_tokens, sampling,
-                          seed=config.seed + i)
-    compile_seconds += out.compile_seconds
-    for j, tokens in zip(batch, out.tokens):
-      p = workload[j]
-      records.append({
-          'id': p.id, 'category': p.category, 'prompt': p.text,
-          'output': model.tokenizer.decode(tokens), 'prompt_tokens': len(encoded[j]),
-          'new_tokens': len(tokens), 'prefill_ms': 1e3 * out.prefill_seconds,
-          'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
-          'decode_tokens_per_second': out.decode_tokens_per_second})
-      if config.prompt or verbose and len(workload) <= 8:
-        say(f'--- [{p.category}] {p.text[:200]}\n{records[-1]["output"]}\n')
-    say(f'[{len(records)}/{len(workload)}] {out.decode_tokens_per_second:.1f} tok/s decode, '
-        f'prefill {1e3 * out.prefill_seconds:.0f} ms')
-  summary = summarize(config, model, records, compile_seconds)
+    for name, gamma in methods:
+      out = engine.generate([encoded[j] for j in batch], config.max_new_tokens, sampling,
+                            seed=config.seed + i, gamma=gamma, verifier=config.verifier)
+      compile_seconds[name] += out.compile_seconds
+      for row, j in enumerate(batch):
+        records[name].append(_record(workload[j], encoded[j], out, row, model.tokenizer, name))
+    say(f'[{len(batch) + i}/{len(workload)}] ' + ', '.join(
+        f'{name}: {records[name][-1]["decode_tokens_per_second"]:.1f} tok/s'
+        for name, _ in methods))
+  summary = summarize(config, model, records, compile_seconds, draft_label)
   write_results(out_dir, config, records, summary)
-  say(f'{summary["new_tokens"]} tokens from {len(records)} prompts: '
-      f'{summary["decode_tokens_per_second"]:.1f} tok/s decode, prefill p50 '
-      f'{summary["prefill_ms"]["p50"]:.0f} ms, compile {compile_seconds:.1f} s '
-      f'(excluded). Results in {out_dir}')
+  if config.prompt or (verbose and len(workload) <= 4):
+    show_texts(say, records, sampling)
+  say(format_table(summary))
+  say(f'results in {out_dir}')
   return summary
 
 
-def summarize(config, model, records, compile_seconds) -> dict:
-  new = sum(r['new_tokens'] for r in records)
-  decode_s = sum(r['latency_ms'] - r['prefill_ms'] for r in records) / 1e3
-  lat = [r['latency_ms'] for r in records]
+def _record(prompt, ids, out, row, tokenizer, method) -> dict:
+  tokens = out.tokens[row]
+  accepted = out.accepted[row] if out.accepted else []
   return {
-      'model': model.source, 'method': 'autoregressive', 'num_prompts': len(records),
-      'batch_size': config.batch_size, 'new_tokens': new,
-      'decode_tokens_per_second': float(np.median([r['decode_tokens_per_second']
-                                                   for r in records])),
-      'tokens_per_second': new / max(sum(lat) / 1e3, 1e-9) * config.batch_size,
-      'decode_seconds': decode_s,
-      'prefill_ms': percentiles([r['prefill_ms'] for r in records]),
+      'method': method, 'id': prompt.id, 'category': prompt.category, 'prompt': prompt.text,
+      'output': tokenizer.decode(tokens), 'tokens': tokens, 'prompt_tokens': len(ids),
+      'new_tokens': len(tokens), 'target_calls': len(accepted) + 1,
+      'accepted': accepted, 'gamma': out.gamma,
+      'prefill_ms': 1e3 * out.prefill_seconds,
+      'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
+      'decode_tokens_per_second': out.decode_tokens_per_second}
+
+
+def show_texts(say, records, sampling) -> None:
+  base = records['autoregressive']
+  for k, r in enumerate(base):
+    say(f'--- [{r["category"]}] {r["prompt"][:200]}\n{r["output"]}\n')
+    for name, recs in records.items():
+      if name == 'autoregressive':
+        continue
+      if recs[k]['tokens'] == r['tokens']:
+        say(f'    {name}: identical output')
+      elif sampling.greedy:
+        say(f'    {name}: DIFFERENT output (near-tie?):\n{recs[k]["output"]}')
+      else:
+        say(f'    {name} (a different sample):\n{recs[k]["output"]}')
+
+
+def method_summary(recs, baseline, compile_seconds) -> dict:
+  new = sum(r['new_tokens'] for r in recs)
+  lat = [r['latency_ms'] for r in recs]
+  iterations = sum(len(r['accepted']) for r in recs)
+  gamma = recs[0]['gamma']
+  return {
+      'gamma': gamma, 'new_tokens': new,
+      'acceptance_rate': (sum(sum(r['accepted']) for r in recs) / (iterations * gamma)
+                          if gamma and iterations else None),
+      'tokens_per_call': new / max(sum(r['target_calls'] for r in recs), 1),
+      'decode_tokens_per_second': float(np.median([r['decode_tokens_per_second'] for r in recs])),
+      'tokens_per_second': new / max(sum(lat) / 1e3, 1e-9),
+      'prefill_ms': percentiles([r['prefill_ms'] for r in recs]),
       'latency_ms': percentiles(lat),
+      'greedy_mismatches': sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
       'compile_seconds': compile_seconds,
   }
+
+
+def summarize(config, model, records, compile_seconds, draft_label='') -> dict:
+  """Per method: acceptance, tokens per target call, speed, latency percentiles, speedup."""
+  baseline = records['autoregressive']
+  methods = {name: method_summary(recs, baseline, compile_seconds[name])
+             for name, recs in records.items()}
+  base_tps = methods['autoregressive']['tokens_per_second']
+  for m in methods.values():
+    m['speedup'] = m['tokens_per_second'] / base_tps
+  return {'model': model.source, 'draft': draft_label, 'verifier': config.verifier,
+          'temperature': config.temperature, 'batch_size': config.batch_size,
+          'num_prompts': len(baseline), 'methods': methods}
+
+
+def format_table(summary) -> str:
+  head = (f'{"method":<26}{"accept":>8}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
+          f'{"p50 ms":>9}{"p99 ms":>9}{"mismatch":>9}')
+  lines = [head]
+  for name, m in summary['methods'].items():
+    acc = '-' if m['acceptance_rate'] is None else f'{m["acceptance_rate"]:.2f}'
+    lines.append(f'{name:<26}{acc:>8}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
+                 f'{m["speedup"]:>7.2f}x{m["latency_ms"]["p50"]:>9.0f}'
+                 f'{m["latency_ms"]["p99"]:>9.0f}{m["greedy_mismatches"]:>9}')
+  return '\n'.join(lines)
 
 
 def write_results(out_dir: pathlib.Path, config, records, summary) -> None:
   (out_dir / 'config.json').write_text(config.to_json_best_effort(indent=2))
   with open(out_dir / 'generations.jsonl', 'w') as f:
-    for r in records:
-      f.write(json.dumps(r, ensure_ascii=False) + '\n')
+    for recs in records.values():
+      for r in recs:
+        f.write(json.dumps(r, ensure_ascii=False) + '\n')
   (out_dir / 'results.json').write_text(json.dumps(summary, indent=2))

@@ -30,12 +30,19 @@ def test_tiny_prompt_set_writes_results(tmp_path):
                          str(tmp_path / 'out'), verbose=False)
   records = [json.loads(l) for l in (tmp_path / 'out' / 'generations.jsonl').read_text()
              .splitlines()]
-  assert [r['category'] for r in records] == ['greet', 'math', 'default']
+  assert [r['category'] for r in records] == ['greet', 'math', 'default'] * 2
   assert records[1]['prompt'] == 'count to three'
   assert all(1 <= r['new_tokens'] <= 16 and isinstance(r['output'], str) for r in records)
   saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
   assert saved == summary and saved['num_prompts'] == 3
-  assert saved['new_tokens'] == sum(r['new_tokens'] for r in records)
+  assert set(saved['methods']) == {'autoregressive', 'speculative gamma=4'}
+  for name, m in saved['methods'].items():
+    mine = [r for r in records if r['method'] == name]
+    assert m['new_tokens'] == sum(r['new_tokens'] for r in mine)
+  ar, spec = saved['methods']['autoregressive'], saved['methods']['speculative gamma=4']
+  assert ar['acceptance_rate'] is None and ar['tokens_per_call'] == 1.0 and ar['speedup'] == 1.0
+  assert 0 <= spec['acceptance_rate'] <= 1 and 1 <= spec['tokens_per_call'] <= 5
+  assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
 
 
@@ -48,6 +55,10 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     ('dtype', 'float8', "config.dtype = 'float8'"),
     ('model', 'gpt-17', "unknown model 'gpt-17'"),
     ('prompts', 'nosuchset', 'nosuchset'),
+    ('verifier', 'maybe', "config.verifier = 'maybe'"),
+    ('gammas', (2, 0), r'config.gammas = \(2, 0\)'),
+    ('draft', 'truncated:x', 'truncated:<number of layers>'),
+    ('draft', 'truncated:9', '1 <= layers < 2'),
 ])
 def test_invalid_config_values_are_named(tmp_path, field, value, match):
   with pytest.raises(ValueError, match=match):
@@ -72,7 +83,8 @@ def test_command_line_overrides_and_errors(tmp_path):
   ok = subprocess.run(base + ['--config.prompt=Hi!', '--config.max_new_tokens=5'], cwd=ROOT,
                       capture_output=True, text=True, timeout=300)
   assert ok.returncode == 0, ok.stderr[-2000:]
-  assert json.loads((tmp_path / 'results.json').read_text())['new_tokens'] <= 5
+  methods = json.loads((tmp_path / 'results.json').read_text())['methods']
+  assert all(m['new_tokens'] <= 5 for m in methods.values())
   bad = subprocess.run(base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   assert bad.returncode == 2 and 'config.max_new_tokens = 0' in bad.stderr

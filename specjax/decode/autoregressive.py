@@ -1,4 +1,4 @@
-"""Prefill and plain autoregressive decoding, pure functions over DecodeState."""
+"""Prefill and the loop driver. Autoregressive decoding itself is `loop.step` with gamma 0."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def prefill(params, prompt_tokens: jax.Array, prompt_lens: jax.Array, max_new: j
   `constrain_cache`, if given, maps a KVCache to itself with sharding constraints.
   """
   b = prompt_tokens.shape[0]
-  dtype = params['embed'].dtype
-  cache = KVCache.init(cfg, b, cache_size, dtype)
+  cache = KVCache.init(cfg, b, cache_size, params['embed'].dtype)
   if constrain_cache is not None:
     cache = constrain_cache(cache)
   hidden, cache = llama.forward_hidden(params, prompt_tokens, cache, cfg)  # [B, P, D]
@@ -39,23 +38,6 @@ def prefill(params, prompt_tokens: jax.Array, prompt_lens: jax.Array, max_new: j
   return commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
 
 
-def step(params, state: DecodeState, *, cfg: llama.LlamaConfig,
-         sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
-  """One autoregressive step: feed each row's last token, sample one more."""
-  logits, cache = llama.forward(params, state.last_tokens[:, None], state.cache, cfg)
-  key, sub = jax.random.split(state.key)
-  token = sampling_lib.sample(logits[:, 0], sub, sampling)
-  state = state.replace(cache=cache, key=key, step=state.step + 1)
-  return commit(state, token[:, None], jnp.ones_like(state.num_generated), eos_id)
-
-
 def run_until_done(state: DecodeState, body) -> DecodeState:
   """lax.while_loop of `body` until every row is done (the one loop driver)."""
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-
-
-def decode(params, state: DecodeState, *, cfg: llama.LlamaConfig,
-           sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
-  """Autoregressive decoding of every row to EOS or max_new, inside one while_loop."""
-  return run_until_done(
-      state, lambda s: step(params, s, cfg=cfg, sampling=sampling, eos_id=eos_id))

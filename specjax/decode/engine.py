@@ -15,8 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decode import autoregressive
+from specjax.decode import loop
+from specjax.decode.loop import Method
 from specjax.decode.sampling import SamplingConfig
+from specjax.drafters.base import Drafter
 from specjax.models import llama
 from specjax.models import sharding as sharding_lib
 
@@ -29,12 +31,25 @@ class GenerationOutput:
   prompt_lens: list[int]
   prefill_seconds: float
   decode_seconds: float
-  steps: int
+  steps: int  # loop iterations: target forward passes after the prefill
+  accepted: list[list[int]] = dataclasses.field(default_factory=list)  # per row, per iteration
+  gamma: int = 0
   compile_seconds: float = 0.0  # first call for this shape (compile + a 1-token warm-up run)
 
   @property
   def num_generated(self) -> int:
     return sum(len(t) for t in self.tokens)
+
+  @property
+  def target_calls(self) -> int:
+    """Target forward passes, the prefill included (one per batch, not per row)."""
+    return self.steps + 1
+
+  @property
+  def acceptance_rate(self) -> float:
+    """Accepted draft tokens / drafted tokens over every row's iterations (nan if none)."""
+    drafted = sum(len(a) for a in self.accepted) * self.gamma
+    return sum(sum(a) for a in self.accepted) / drafted if drafted else float('nan')
 
   @property
   def decode_tokens_per_second(self) -> float:
@@ -69,11 +84,13 @@ class Engine:
       batch allocates only the smallest bucket that fits it.
     mesh: optional (data, model) mesh; parameters are sharded by the default rules.
     buckets: prompt lengths are right-padded up to one of these (default powers of 2).
+    drafter, draft_params: what proposes tokens when `generate` is called with gamma >= 1
+      (its vocabulary must be the target's).
   """
 
   def __init__(self, params, cfg: llama.LlamaConfig, *, eos_id: int, cache_size: int = 1024,
                mesh: jax.sharding.Mesh | None = None, buckets: Sequence[int] | None = None,
-               pad_id: int = 0):
+               pad_id: int = 0, drafter: Drafter | None = None, draft_params=None):
     if not 0 < cache_size:
       raise ValueError(f'cache_size must be positive, got {cache_size}')
     if cache_size > cfg.max_seq_len:
@@ -85,16 +102,21 @@ class Engine:
       raise ValueError(f'buckets must lie in [1, cache_size={cache_size}], got {sorted(buckets)}')
     self.buckets = (tuple(sorted(set(buckets) | {cache_size})) if buckets
                     else default_buckets(cache_size))
-    if mesh is not None:
-      self.params = sharding_lib.shard_params(params, mesh)
-      constrain = functools.partial(sharding_lib.constrain_cache, mesh=mesh)
-    else:
-      self.params = jax.device_put(params)
-      constrain = None
+    if drafter is not None and drafter.vocab_size != cfg.vocab_size:
+      raise ValueError(f'the drafter ({drafter.describe()}) has a vocabulary of '
+                       f'{drafter.vocab_size} tokens but the target ({cfg.name}) has '
+                       f'{cfg.vocab_size}: draft and target must share one vocabulary')
+    self.drafter = drafter
+    put = (functools.partial(sharding_lib.shard_params, mesh=mesh) if mesh is not None
+           else jax.device_put)
+    self.params = put(params)
+    self.draft_params = None if draft_params is None else put(draft_params)
+    constrain = (functools.partial(sharding_lib.constrain_cache, mesh=mesh) if mesh is not None
+                 else None)
     self._prefill = jax.jit(
-        functools.partial(autoregressive.prefill, constrain_cache=constrain, pad_id=pad_id),
-        static_argnames=('cfg', 'sampling', 'eos_id', 'cache_size', 'out_len'))
-    self._decode = jax.jit(autoregressive.decode, static_argnames=('cfg', 'sampling', 'eos_id'),
+        functools.partial(loop.prefill, constrain_cache=constrain, pad_id=pad_id),
+        static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'))
+    self._decode = jax.jit(loop.decode, static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
                            donate_argnames=('state',))
     self._warm: set = set()
 
@@ -138,37 +160,60 @@ class Engine:
       return jnp.asarray(x)
     return jax.device_put(x, sharding_lib.batch_sharding(self.mesh, x.shape))
 
+  def method(self, gamma: int = 0, verifier: str = 'rejection',
+             sampling: SamplingConfig = SamplingConfig()) -> Method:
+    """Validates a (gamma, verifier) choice against this engine and the sampling."""
+    if gamma and self.drafter is None:
+      raise ValueError(f'gamma={gamma} needs a drafter, and this engine has none')
+    if isinstance(gamma, int) and gamma + 1 >= self.cache_size:
+      raise ValueError(f'gamma={gamma} is too large for cache_size {self.cache_size}: '
+                       f'verification needs gamma + 1 slots and room for the prompt')
+    if verifier == 'greedy' and not sampling.greedy:
+      raise ValueError(f'the greedy verifier is only lossless for greedy decoding, not at '
+                       f'temperature {sampling.temperature}: use rejection or block')
+    return Method(gamma=gamma, verifier=verifier, drafter=self.drafter if gamma else None)
+
   def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int] = 64,
-               sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> GenerationOutput:
+               sampling: SamplingConfig = SamplingConfig(), seed: int = 0, gamma: int = 0,
+               verifier: str = 'rejection') -> GenerationOutput:
     """Generates for a batch of token-id prompts (different lengths allowed).
+
+    gamma 0 is autoregressive decoding; gamma >= 1 drafts that many tokens per target
+    call with the engine's drafter and checks them with `verifier` (rejection, block,
+    or greedy for greedy decoding).
 
     The first batch of a new shape (batch size, prompt bucket, output buffer, sampling)
     is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
     out of the prefill and decode timings.
     """
+    method = self.method(gamma, verifier, sampling)
     tokens, lengths, max_new, out_len, slots = self.prepare(prompts, max_new_tokens)
-    shape_key = (tokens.shape, out_len, slots, sampling)
+    shape_key = (tokens.shape, out_len, slots, sampling, method)
     compile_seconds = 0.0
     if shape_key not in self._warm:
       start = time.perf_counter()
-      self._run(tokens, lengths, np.ones_like(max_new), out_len, slots, sampling, seed)
+      self._run(tokens, lengths, np.ones_like(max_new), out_len, slots, sampling, seed, method)
       compile_seconds = time.perf_counter() - start
       self._warm.add(shape_key)
-    out = self._run(tokens, lengths, max_new, out_len, slots, sampling, seed)
+    out = self._run(tokens, lengths, max_new, out_len, slots, sampling, seed, method)
     out.compile_seconds = compile_seconds
     return out
 
-  def _run(self, tokens, lengths, max_new, out_len, slots, sampling, seed) -> GenerationOutput:
+  def _run(self, tokens, lengths, max_new, out_len, slots, sampling, seed, method) -> GenerationOutput:
     start = time.perf_counter()
-    state = self._prefill(self.params, self._put(tokens), self._put(lengths), self._put(max_new),
-                          jax.random.key(seed), cfg=self.cfg, sampling=sampling,
+    params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
+    state = self._prefill(params, self._put(tokens), self._put(lengths), self._put(max_new),
+                          jax.random.key(seed), cfg=self.cfg, method=method, sampling=sampling,
                           eos_id=self.eos_id, cache_size=slots, out_len=out_len)
     jax.block_until_ready(state)
     mid = time.perf_counter()
-    state = self._decode(self.params, state, cfg=self.cfg, sampling=sampling, eos_id=self.eos_id)
-    out_tokens, counts, steps = jax.device_get((state.tokens, state.num_generated, state.step))
+    state = self._decode(params, state, cfg=self.cfg, method=method, sampling=sampling,
+                         eos_id=self.eos_id)
+    out_tokens, counts, steps, history = jax.device_get(
+        (state.tokens, state.num_generated, state.step, state.extra['accepted']))
     end = time.perf_counter()
     return GenerationOutput(
         tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],
         prompt_lens=lengths.tolist(), prefill_seconds=mid - start, decode_seconds=end - mid,
-        steps=int(steps))
+        steps=int(steps), accepted=[row[row >= 0].tolist() for row in history],
+        gamma=method.gamma)

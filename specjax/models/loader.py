@@ -64,3 +64,29 @@ def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
 
 def _cast(params, dtype):
   return jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)
+
+
+def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
+  """(drafter, draft params, description) for a draft spec, checked against the target.
+
+  'truncated:K' is the target's first K layers sharing its embeddings (an untrained
+  stand-in); any other spec is loaded like a model and must share the target's vocabulary.
+  """
+  from specjax.drafters import ModelDrafter, truncated_target
+  if spec.startswith('truncated:'):
+    try:
+      layers = int(spec.split(':', 1)[1])
+    except ValueError:
+      raise ValueError(f'draft {spec!r}: expected truncated:<number of layers>') from None
+    cfg, params = truncated_target(target.cfg, target.params, layers)
+    label = f'target truncated to {layers} layers (untrained)'
+    return ModelDrafter(cfg, label=label), params, label
+  draft = load_model(spec, dtype)
+  if draft.cfg.vocab_size != target.cfg.vocab_size:
+    raise ValueError(f'draft {spec!r} has a vocabulary of {draft.cfg.vocab_size} tokens but the '
+                     f'target {target.source!r} has {target.cfg.vocab_size}: they must share one')
+  probe = 'Hello, world! def f(x): return x ** 2  # 12345'
+  if draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
+    raise ValueError(f'draft {spec!r} tokenizes text differently from the target '
+                     f'{target.source!r}: they must share one tokenizer')
+  return ModelDrafter(draft.cfg, label=f'draft {spec}'), draft.params, f'draft model {spec}'

@@ -1,0 +1,102 @@
+"""The decoding loop shared by every method: speculative for gamma >= 1, plain
+autoregressive for gamma = 0. Same state, same sampling, same stopping rules (`commit`),
+so comparisons between methods are fair.
+
+One iteration of speculative decoding, per row:
+  1. the drafter proposes gamma tokens with their distributions q;
+  2. the target runs once over [last emitted token, draft tokens] (gamma + 1 positions);
+  3. the verifier keeps a prefix of the draft and picks one more token from p;
+  4. `commit` appends them (EOS and max_new apply), the target cache is rolled back to
+     the committed length, and the drafter rolls back its own state.
+A row near the end of its cache writes some draft positions past the last slot; those
+writes are dropped and the tokens they would verify lie past the row's max_new, so they
+are never emitted (no slots need to be reserved for verification).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax import verify
+from specjax.decode import autoregressive
+from specjax.decode import sampling as sampling_lib
+from specjax.decode.state import DecodeState, commit
+from specjax.drafters.base import Drafter
+from specjax.models import llama
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """Static description of a decoding method: gamma 0 is autoregressive decoding."""
+
+  gamma: int = 0
+  verifier: str = 'rejection'
+  drafter: Drafter | None = None
+
+  def __post_init__(self):
+    if not isinstance(self.gamma, int) or self.gamma < 0:
+      raise ValueError(f'gamma must be an integer >= 0 (0 = autoregressive), got {self.gamma!r}')
+    if self.gamma > 0 and self.drafter is None:
+      raise ValueError(f'gamma={self.gamma} needs a drafter')
+    verify.get(self.verifier)
+
+  @property
+  def name(self) -> str:
+    if self.gamma == 0:
+      return 'autoregressive'
+    return f'{self.drafter.describe()} gamma={self.gamma} {self.verifier}'
+
+
+def prefill(params, prompt_tokens, prompt_lens, max_new, key, *, cfg: llama.LlamaConfig,
+            method: Method, sampling: sampling_lib.SamplingConfig, eos_id: int, cache_size: int,
+            out_len: int, pad_id: int = 0, constrain_cache=None) -> DecodeState:
+  """Target prefill and first token, the drafter's own prefill, empty statistics."""
+  state = autoregressive.prefill(
+      params['target'], prompt_tokens, prompt_lens, max_new, key, cfg=cfg, sampling=sampling,
+      eos_id=eos_id, cache_size=cache_size, out_len=out_len, pad_id=pad_id,
+      constrain_cache=constrain_cache)
+  draft_state = None
+  if method.gamma:
+    draft_state = method.drafter.init(params['draft'], prompt_tokens, prompt_lens, cache_size,
+                                      constrain_cache)
+  accepted = jnp.full((prompt_tokens.shape[0], out_len), -1, jnp.int32)
+  return state.replace(extra={'draft': draft_state, 'accepted': accepted})
+
+
+def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
+         sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
+  """One iteration for every row (done rows compute but do not change)."""
+  key, k_draft, k_verify = jax.random.split(state.key, 3)
+  last = state.last_tokens[:, None]  # [B, 1]
+  draft_state = state.extra['draft']
+  if method.gamma == 0:
+    logits, cache = llama.forward(params['target'], last, state.cache, cfg)
+    new_tokens = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
+    accepted = jnp.zeros_like(state.num_generated)
+  else:
+    draft, q, draft_state = method.drafter.propose(params['draft'], draft_state, state, k_draft,
+                                                   method.gamma, sampling)
+    logits, cache = llama.forward(params['target'], jnp.concatenate([last, draft], 1),
+                                  state.cache, cfg)  # [B, K+1, V]
+    p = sampling_lib.probabilities(logits, sampling)
+    accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
+    offsets = jnp.arange(method.gamma + 1)
+    new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
+                           nxt[:, None])
+  history = state.extra['accepted'].at[:, state.step].set(
+      jnp.where(state.done, -1, accepted), mode='drop')
+  state = state.replace(cache=cache, key=key, step=state.step + 1)
+  state = commit(state, new_tokens, accepted + 1, eos_id)
+  if method.gamma:
+    draft_state = method.drafter.rollback(draft_state, state)
+  return state.replace(extra={'draft': draft_state, 'accepted': history})
+
+
+def decode(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
+           sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
+  """Runs `step` inside one lax.while_loop until every row is done."""
+  return autoregressive.run_until_done(
+      state, lambda s: step(params, s, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id))

@@ -1,0 +1,6 @@
+"""Drafters: everything that proposes tokens for the target to verify."""
+
+from specjax.drafters.base import Drafter
+from specjax.drafters.model import ModelDrafter, truncated_target
+
+__all__ = ['Drafter', 'ModelDrafter', 'truncated_target']

@@ -1,0 +1,91 @@
+"""An independent draft model in the model contract, with its own KV cache.
+
+The draft cache holds the prompt and every emitted token except the last two. Each
+proposal first feeds those two tokens (re-writing the older one's slot, which already
+holds the same values), then one drafted token per step. After the verifier keeps k
+draft tokens, the cache is valid up to exactly that point, so a rollback is only
+setting lengths = prompt + emitted - 2, whatever k was (all gamma kept included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.decode import sampling as sampling_lib
+from specjax.drafters.base import Drafter
+from specjax.models import llama
+from specjax.models.kv_cache import KVCache
+
+
+@struct.dataclass
+class ModelDraftState:
+  cache: KVCache
+  last_prompt_token: jax.Array  # [B]: the token before the first emitted one
+
+
+def last_two_tokens(draft_state: ModelDraftState, state) -> jax.Array:
+  """[B, 2]: the last two tokens of prompt + emitted text."""
+  n = state.num_generated
+  prev = jnp.take_along_axis(state.tokens, jnp.maximum(n - 2, 0)[:, None], axis=1)[:, 0]
+  prev = jnp.where(n >= 2, prev, draft_state.last_prompt_token)
+  return jnp.stack([prev, state.last_tokens], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter(Drafter):
+  """Drafts with a Llama-family model `cfg` (params passed separately)."""
+
+  cfg: llama.LlamaConfig
+  label: str = 'draft model'
+
+  @property
+  def name(self) -> str:
+    return self.label
+
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
+    cache = KVCache.init(self.cfg, prompt_tokens.shape[0], cache_size, params['embed'].dtype)
+    if constrain is not None:
+      cache = constrain(cache)
+    _, cache = llama.forward_hidden(params, prompt_tokens, cache, self.cfg)
+    last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
+    return ModelDraftState(cache=cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    cache = draft_state.cache
+    logits, cache = llama.forward(params, last_two_tokens(draft_state, state), cache, self.cfg)
+    logits = logits[:, -1]
+    tokens, dists = [], []
+    for i, k in enumerate(jax.random.split(key, gamma)):
+      dists.append(sampling_lib.probabilities(logits, sampling))
+      tokens.append(sampling_lib.sample(logits, k, sampling))
+      if i + 1 < gamma:
+        logits, cache = llama.forward(params, tokens[-1][:, None], cache, self.cfg)
+        logits = logits[:, 0]
+    return (jnp.stack(tokens, 1), jnp.stack(dists, 1),
+            draft_state.replace(cache=cache))
+
+  def rollback(self, draft_state, state):
+    lengths = state.prompt_lens + state.num_generated - 2
+    return draft_state.replace(cache=draft_state.cache.with_lengths(lengths))
+
+
+def truncated_target(cfg: llama.LlamaConfig, params, num_layers: int):
+  """(cfg, params) of the target's first `num_layers` layers, sharing its embeddings.
+
+  An untrained stand-in draft until a distilled one exists: cheap to build, poor at
+  agreeing with the target.
+  """
+  if not 1 <= num_layers < cfg.n_layers:
+    raise ValueError(f'a truncated draft needs 1 <= layers < {cfg.n_layers}, got {num_layers}')
+  draft_cfg = dataclasses.replace(cfg, n_layers=num_layers, name=f'{cfg.name}[:{num_layers}]')
+  draft_params = {k: v for k, v in params.items() if k != 'layers'}
+  draft_params['layers'] = params['layers'][:num_layers]
+  return draft_cfg, draft_params

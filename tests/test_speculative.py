@@ -1,0 +1,189 @@
+"""The speculative loop: greedy identity, exact acceptance counts, lossless sampling end to
+end (chi-square, with a wrong verifier to show the test has power), and clear errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import testing, verify
+from specjax.decode.engine import Engine
+from specjax.decode.sampling import SamplingConfig, probabilities
+from specjax.drafters import ModelDrafter, truncated_target
+from specjax.models import llama
+from specjax.models.kv_cache import KVCache
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], [7], [2, 7, 1, 8, 2, 8, 1]]
+
+
+@pytest.fixture(scope='module')
+def target():
+  return testing.tiny_model(seed=3, n_layers=3)
+
+
+def engine_with(target, draft, **kwargs):
+  cfg, params = target
+  draft_cfg, draft_params = draft
+  return Engine(params, cfg, eos_id=kwargs.pop('eos_id', -1), cache_size=kwargs.pop('cache', 128),
+                drafter=ModelDrafter(draft_cfg), draft_params=draft_params, **kwargs)
+
+
+DRAFTS = {
+    'random tiny model': lambda t: testing.tiny_model(seed=11, n_layers=1, d_model=16,
+                                                       n_heads=2, n_kv_heads=1),
+    'truncated target': lambda t: truncated_target(*t, 1),
+    'target itself': lambda t: t,
+}
+
+
+@pytest.mark.parametrize('draft', list(DRAFTS))
+@pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])
+def test_speculative_greedy_equals_target_greedy(target, draft, verifier):
+  engine = engine_with(target, DRAFTS[draft](target))
+  reference = engine.generate(PROMPTS, 24).tokens
+  for gamma in (1, 2, 4, 8):
+    batch = engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier)
+    assert batch.tokens == reference, (gamma, verifier)
+    alone = engine.generate(PROMPTS[1:2], 24, gamma=gamma, verifier=verifier)
+    assert alone.tokens[0] == reference[1]
+
+
+def test_a_perfect_draft_is_always_fully_accepted(target):
+  engine = engine_with(target, target)
+  for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
+    for verifier in ('rejection', 'block'):
+      out = engine.generate(PROMPTS, 21, sampling, gamma=4, verifier=verifier)
+      assert all(a == [4] * 4 for a in out.accepted), out.accepted  # 1 + 4 * 5 = 21 tokens
+      assert out.steps == 4 and out.acceptance_rate == 1.0
+      assert [len(t) for t in out.tokens] == [21] * 4
+
+
+def test_acceptance_history_matches_the_output(target):
+  engine = engine_with(target, DRAFTS['random tiny model'](target))
+  out = engine.generate(PROMPTS, [10, 17, 5, 30], gamma=3)
+  for tokens, accepted in zip(out.tokens, out.accepted):
+    assert all(0 <= a <= 3 for a in accepted)
+    # every iteration emits accepted + 1 tokens, the last one clamped by max_new
+    assert sum(a + 1 for a in accepted[:-1]) < len(tokens) - 1 <= sum(a + 1 for a in accepted)
+  assert out.steps == max(len(a) for a in out.accepted)
+
+
+def test_per_row_eos_with_speculation(target):
+  draft = DRAFTS['truncated target'](target)
+  free = engine_with(target, draft).generate(PROMPTS, 20).tokens
+  eos = free[0][6]
+  engine = engine_with(target, draft, eos_id=eos)
+  expected = [row[:row.index(eos) + 1] if eos in row else row for row in free]
+  for gamma in (2, 5):
+    assert engine.generate(PROMPTS, 20, gamma=gamma).tokens == expected
+
+
+def test_rows_that_fill_their_cache_exactly(target):
+  engine = engine_with(target, DRAFTS['random tiny model'](target), cache=32)
+  prompts = [[1] * 20, [2] * 3]
+  reference = engine.generate(prompts, [12, 29]).tokens  # 20 + 12 = 3 + 29 = 32 slots
+  assert engine.generate(prompts, [12, 29], gamma=8).tokens == reference
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling is lossless end to end.
+
+VOCAB, PROMPT, N = 8, [1, 5, 2], 30000
+
+
+@pytest.fixture(scope='module')
+def small_vocab():
+  target = testing.tiny_model(seed=21, vocab_size=VOCAB, n_layers=2, scale=0.3)
+  draft = testing.tiny_model(seed=22, vocab_size=VOCAB, n_layers=1, scale=0.3)
+  return target, draft
+
+
+def exact_continuations(cfg, params, sampling):
+  """P(z1 z2 z3 | PROMPT) under the warped target, by enumeration."""
+  seqs = np.array(list(itertools.product(range(VOCAB), repeat=3)))
+  tokens = jnp.asarray(np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], 1))
+  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)
+  probs = np.asarray(probabilities(logits, sampling), np.float64)  # [512, 6, V]
+  n = len(PROMPT)
+  steps = [probs[np.arange(len(seqs)), n - 1 + j, seqs[:, j]] for j in range(3)]
+  return np.prod(steps, axis=0)
+
+
+def chi_square_pvalue(samples, probs):
+  counts = np.bincount(samples[:, 0] * 64 + samples[:, 1] * 8 + samples[:, 2], minlength=512)
+  assert counts[probs == 0].sum() == 0, 'sampled a continuation the warped target excludes'
+  expected = probs / probs.sum() * len(samples)
+  big = expected >= 5  # pool the rare continuations into one cell
+  obs, exp = counts[big], expected[big]
+  if expected[~big].sum() > 0:
+    obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
+  return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def sample_continuations(small_vocab, sampling, gamma, verifier, seed=0):
+  target, draft = small_vocab
+  engine = engine_with(target, draft, cache=16)
+  out = engine.generate([PROMPT] * N, 3, sampling, seed=seed, gamma=gamma, verifier=verifier)
+  return np.array(out.tokens)
+
+
+SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)]
+
+
+@pytest.mark.parametrize('sampling', SAMPLINGS, ids=['t1', 't0.7-k5-p0.9'])
+@pytest.mark.parametrize('gamma,verifier', [(0, 'rejection'), (2, 'rejection'), (1, 'block'),
+                                            (3, 'block')])
+def test_speculative_sampling_matches_the_target(small_vocab, sampling, gamma, verifier):
+  probs = exact_continuations(*small_vocab[0], sampling)
+  samples = sample_continuations(small_vocab, sampling, gamma, verifier)
+  assert chi_square_pvalue(samples, probs) > 1e-3
+
+
+def always_accept(p, q, draft, key):
+  """A deliberately wrong verifier: keeps every draft token."""
+  accepted = jnp.full(draft.shape[:1], draft.shape[1], jnp.int32)
+  return accepted, jax.random.categorical(key, jnp.log(p[:, -1]), axis=-1).astype(jnp.int32)
+
+
+def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
+  monkeypatch.setitem(verify.VERIFIERS, 'always', always_accept)
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(*small_vocab[0], sampling)
+  samples = sample_continuations(small_vocab, sampling, 2, 'always')
+  assert chi_square_pvalue(samples, probs) < 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input.
+
+def test_vocabulary_mismatch_is_refused(target):
+  other = testing.tiny_model(seed=1, vocab_size=96)
+  with pytest.raises(ValueError, match='vocabulary of 96 tokens but the target .* has 64'):
+    engine_with(target, other)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    ({'gamma': -1}, 'gamma must be an integer >= 0'),
+    ({'gamma': 200}, 'gamma=200 is too large for cache_size 128'),
+    ({'gamma': 2, 'verifier': 'nope'}, "unknown verifier 'nope'"),
+    ({'gamma': 2, 'verifier': 'greedy', 'sampling': SamplingConfig(temperature=1.0)},
+     'greedy verifier is only lossless for greedy decoding'),
+])
+def test_bad_speculative_settings_are_named(target, kwargs, match):
+  engine = engine_with(target, target)
+  with pytest.raises(ValueError, match=match):
+    engine.generate(PROMPTS, 8, **kwargs)
+
+
+def test_speculation_without_a_drafter_is_refused(target):
+  engine = Engine(target[1], target[0], eos_id=-1, cache_size=64)
+  with pytest.raises(ValueError, match='gamma=2 needs a drafter'):
+    engine.generate(PROMPTS, 8, gamma=2)
+
+
+def test_truncated_draft_layer_count_is_checked(target):
+  with pytest.raises(ValueError, match='1 <= layers < 3'):
+    truncated_target(*target, 3)
