@@ -33,10 +33,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.top_p = 1.0
   c.seed = 0
   c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
-  # Speculative decoding, compared with autoregressive decoding in the same run. Until a
-  # distilled draft exists the draft is the target's first layers (untrained: it shows the
-  # machinery, not a speedup). '' runs autoregressive decoding only.
-  c.draft = 'truncated:1' if args.tiny else 'truncated:4'
+  # Speculative decoding with every draft below, compared with autoregressive decoding in
+  # the same run: prompt lookup ('ngram'), and the target's first layers ('truncated:K',
+  # an untrained stand-in until a distilled draft exists: it shows the machinery, not a
+  # speedup). An empty tuple runs autoregressive decoding only.
+  c.drafts = ('ngram', 'truncated:1' if args.tiny else 'truncated:4')
   c.verifier = 'rejection'  # rejection, block, or greedy (temperature 0 only)
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,)  # or --config.gammas='(1, 2, 4, 8)'
   return c

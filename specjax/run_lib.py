@@ -8,6 +8,7 @@ import os
 import pathlib
 import time
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -59,28 +60,35 @@ def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
   return {f'p{q}': float(np.percentile(values, q)) for q in qs}
 
 
-def build_engine(config, model: loader.LoadedModel) -> tuple[Engine, str]:
-  """The engine for the config's target, with its draft when speculative methods are asked."""
+def build_engines(config, model: loader.LoadedModel) -> dict[str, tuple[Engine, str]]:
+  """One engine per draft ('' for autoregressive only), all sharing the target's arrays."""
   mesh = None
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
-  drafter, draft_params, label = None, None, ''
-  if config.draft and config.gammas:
-    drafter, draft_params, label = loader.load_draft(config.draft, model, config.dtype)
-  engine = Engine(model.params, model.cfg, eos_id=model.tokenizer.eos_id,
-                  cache_size=config.cache_size, mesh=mesh, drafter=drafter,
-                  draft_params=draft_params)
-  return engine, label
+  params = (sharding_lib.shard_params(model.params, mesh) if mesh is not None
+            else jax.device_put(model.params))
+  specs = [''] + (list(config.drafts) if config.gammas else [])
+  engines = {}
+  for spec in specs:
+    drafter, draft_params, label = None, None, ''
+    if spec:
+      drafter, draft_params, label = loader.load_draft(spec, model, config.dtype)
+    engines[spec] = (Engine(params, model.cfg, eos_id=model.tokenizer.eos_id,
+                            cache_size=config.cache_size, mesh=mesh, drafter=drafter,
+                            draft_params=draft_params), label)
+  return engines
 
 
-def build_methods(config) -> list[tuple[str, int]]:
-  """(name, gamma) for every method to run: autoregressive first, then the gamma sweep."""
-  methods = [('autoregressive', 0)]
-  if config.draft:
-    for g in config.gammas:
-      config_lib.check(isinstance(g, int) and g >= 1, 'gammas', tuple(config.gammas),
-                       'draft lengths, each an integer >= 1')
-      methods.append((f'speculative gamma={g}', g))
+def build_methods(config) -> list[tuple[str, str, int]]:
+  """(name, draft spec, gamma) for every method: autoregressive first, then the sweep."""
+  methods = [('autoregressive', '', 0)]
+  for g in config.gammas:
+    config_lib.check(isinstance(g, int) and g >= 1, 'gammas', tuple(config.gammas),
+                     'draft lengths, each an integer >= 1')
+  for spec in config.drafts:
+    config_lib.check(isinstance(spec, str) and spec, 'drafts', tuple(config.drafts),
+                     'non-empty draft specs')
+    methods += [(f'{spec} gamma={g}', spec, g) for g in config.gammas]
   return methods
 
 
@@ -107,11 +115,12 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
   model = loader.load_model(config.model, config.dtype)
   say(f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
       f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s')
-  engine, draft_label = build_engine(config, model)
-  if draft_label:
-    say(f'draft: {draft_label}; verifier: {config.verifier}')
-    if 'untrained' in draft_label:
-      say('  (an untrained stand-in until a distilled draft exists: expect low acceptance)')
+  engines = build_engines(config, model)
+  for spec, (_, label) in engines.items():
+    if spec:
+      say(f'draft {spec}: {label}' + ('  (an untrained stand-in until a distilled draft '
+                                     'exists: expect low acceptance)' if 'untrained' in label
+                                     else ''))
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   encoded = []
   for p in workload:
@@ -119,20 +128,22 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
       encoded.append(model.tokenizer.encode_chat(p.text))
     except ValueError as e:
       raise ValueError(f'prompt {p.id!r}: {e}') from None
-  records = {name: [] for name, _ in methods}
-  compile_seconds = {name: 0.0 for name, _ in methods}
+  records = {name: [] for name, _, _ in methods}
+  compile_seconds = {name: 0.0 for name, _, _ in methods}
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
-    for name, gamma in methods:
-      out = engine.generate([encoded[j] for j in batch], config.max_new_tokens, sampling,
-                            seed=config.seed + i, gamma=gamma, verifier=config.verifier)
+    for name, spec, gamma in methods:
+      out = engines[spec][0].generate([encoded[j] for j in batch], config.max_new_tokens,
+                                      sampling, seed=config.seed + i, gamma=gamma,
+                                      verifier=config.verifier)
       compile_seconds[name] += out.compile_seconds
       for row, j in enumerate(batch):
         records[name].append(_record(workload[j], encoded[j], out, row, model.tokenizer, name))
     say(f'[{len(batch) + i}/{len(workload)}] ' + ', '.join(
         f'{name}: {records[name][-1]["decode_tokens_per_second"]:.1f} tok/s'
-        for name, _ in methods))
-  summary = summarize(config, model, records, compile_seconds, draft_label)
+        for name, _, _ in methods))
+  drafts = {spec: label for spec, (_, label) in engines.items() if spec}
+  summary = summarize(config, model, records, compile_seconds, drafts)
   write_results(out_dir, config, records, summary)
   if config.prompt or (verbose and len(workload) <= 4):
     show_texts(say, records, sampling)
@@ -144,11 +155,12 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
 def _record(prompt, ids, out, row, tokenizer, method) -> dict:
   tokens = out.tokens[row]
   accepted = out.accepted[row] if out.accepted else []
+  drafted = out.drafted[row] if out.drafted else []
   return {
       'method': method, 'id': prompt.id, 'category': prompt.category, 'prompt': prompt.text,
       'output': tokenizer.decode(tokens), 'tokens': tokens, 'prompt_tokens': len(ids),
       'new_tokens': len(tokens), 'target_calls': len(accepted) + 1,
-      'accepted': accepted, 'gamma': out.gamma,
+      'accepted': accepted, 'drafted': drafted, 'gamma': out.gamma,
       'prefill_ms': 1e3 * out.prefill_seconds,
       'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
       'decode_tokens_per_second': out.decode_tokens_per_second}
@@ -172,12 +184,10 @@ def show_texts(say, records, sampling) -> None:
 def method_summary(recs, baseline, compile_seconds) -> dict:
   new = sum(r['new_tokens'] for r in recs)
   lat = [r['latency_ms'] for r in recs]
-  iterations = sum(len(r['accepted']) for r in recs)
-  gamma = recs[0]['gamma']
+  drafted = sum(sum(r['drafted']) for r in recs)
   return {
-      'gamma': gamma, 'new_tokens': new,
-      'acceptance_rate': (sum(sum(r['accepted']) for r in recs) / (iterations * gamma)
-                          if gamma and iterations else None),
+      'gamma': recs[0]['gamma'], 'new_tokens': new,
+      'acceptance_rate': sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
       'tokens_per_call': new / max(sum(r['target_calls'] for r in recs), 1),
       'decode_tokens_per_second': float(np.median([r['decode_tokens_per_second'] for r in recs])),
       'tokens_per_second': new / max(sum(lat) / 1e3, 1e-9),
@@ -188,7 +198,7 @@ def method_summary(recs, baseline, compile_seconds) -> dict:
   }
 
 
-def summarize(config, model, records, compile_seconds, draft_label='') -> dict:
+def summarize(config, model, records, compile_seconds, drafts=None) -> dict:
   """Per method: acceptance, tokens per target call, speed, latency percentiles, speedup."""
   baseline = records['autoregressive']
   methods = {name: method_summary(recs, baseline, compile_seconds[name])
@@ -196,18 +206,18 @@ def summarize(config, model, records, compile_seconds, draft_label='') -> dict:
   base_tps = methods['autoregressive']['tokens_per_second']
   for m in methods.values():
     m['speedup'] = m['tokens_per_second'] / base_tps
-  return {'model': model.source, 'draft': draft_label, 'verifier': config.verifier,
+  return {'model': model.source, 'drafts': drafts or {}, 'verifier': config.verifier,
           'temperature': config.temperature, 'batch_size': config.batch_size,
           'num_prompts': len(baseline), 'methods': methods}
 
 
 def format_table(summary) -> str:
-  head = (f'{"method":<26}{"accept":>8}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
+  head = (f'{"method":<28}{"accept":>8}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
           f'{"p50 ms":>9}{"p99 ms":>9}{"mismatch":>9}')
   lines = [head]
   for name, m in summary['methods'].items():
     acc = '-' if m['acceptance_rate'] is None else f'{m["acceptance_rate"]:.2f}'
-    lines.append(f'{name:<26}{acc:>8}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
+    lines.append(f'{name:<28}{acc:>8}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
                  f'{m["speedup"]:>7.2f}x{m["latency_ms"]["p50"]:>9.0f}'
                  f'{m["latency_ms"]["p99"]:>9.0f}{m["greedy_mismatches"]:>9}')
   return '\n'.join(lines)

@@ -40,3 +40,20 @@ class ByteTokenizer:
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     data = bytes(i - self.offset for i in ids if self.offset <= i < 256 + self.offset)
     return data.decode('utf-8', errors='replace')
+
+
+def successor_model(vocab_size: int = 64):
+  """(cfg, params) of a model whose greedy next token is always (token + 1) % vocab_size.
+
+  One-hot embeddings (d_model = vocab_size), attention and MLP outputs zeroed, and an
+  untied head that maps each one-hot to its successor: predictable by construction.
+  """
+  cfg = tiny_config(vocab_size=vocab_size, d_model=vocab_size, n_layers=1, n_heads=4,
+                    n_kv_heads=2, head_dim=8, ffn_dim=16, tie_embeddings=False)
+  params = llama.init_params(cfg, jax.random.key(0), scale=0.02)
+  eye = jax.numpy.eye(vocab_size)
+  params['embed'] = eye
+  params['lm_head'] = jax.numpy.roll(eye, 1, axis=1)  # row t -> column t + 1
+  params['layers'][0]['wo'] = jax.numpy.zeros_like(params['layers'][0]['wo'])
+  params['layers'][0]['w_down'] = jax.numpy.zeros_like(params['layers'][0]['w_down'])
+  return cfg, params

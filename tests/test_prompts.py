@@ -180,3 +180,15 @@ def test_humaneval_reads_the_pinned_asset(monkeypatch):
   monkeypatch.setattr(prompts, '_humaneval', lambda path: (Prompt('a', 'b', 'humaneval'),))
   assert load_prompts('humaneval') == [Prompt('a', 'b', 'humaneval')]
   assert calls == ['humaneval']
+
+
+def test_code_edit_prompt_set_is_built_offline_from_the_stdlib():
+  prompts = load_prompts('code_edit')
+  assert len(prompts) >= 15
+  assert len({p.id for p in prompts}) == len(prompts)
+  for p in prompts:
+    assert p.category == 'code_edit'
+    source = p.text.split('```python\n', 1)[1].split('```', 1)[0]
+    assert source.startswith('def ') and 5 <= source.count('\n') <= 40
+    assert 'Return the complete function with one change' in p.text
+  assert load_prompts('code_edit', 3) == prompts[:3]

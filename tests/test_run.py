@@ -30,19 +30,22 @@ def test_tiny_prompt_set_writes_results(tmp_path):
                          str(tmp_path / 'out'), verbose=False)
   records = [json.loads(l) for l in (tmp_path / 'out' / 'generations.jsonl').read_text()
              .splitlines()]
-  assert [r['category'] for r in records] == ['greet', 'math', 'default'] * 2
+  assert [r['category'] for r in records] == ['greet', 'math', 'default'] * 3
   assert records[1]['prompt'] == 'count to three'
   assert all(1 <= r['new_tokens'] <= 16 and isinstance(r['output'], str) for r in records)
   saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
   assert saved == summary and saved['num_prompts'] == 3
-  assert set(saved['methods']) == {'autoregressive', 'speculative gamma=4'}
+  assert set(saved['methods']) == {'autoregressive', 'ngram gamma=4', 'truncated:1 gamma=4'}
   for name, m in saved['methods'].items():
     mine = [r for r in records if r['method'] == name]
     assert m['new_tokens'] == sum(r['new_tokens'] for r in mine)
-  ar, spec = saved['methods']['autoregressive'], saved['methods']['speculative gamma=4']
+  ar = saved['methods']['autoregressive']
   assert ar['acceptance_rate'] is None and ar['tokens_per_call'] == 1.0 and ar['speedup'] == 1.0
-  assert 0 <= spec['acceptance_rate'] <= 1 and 1 <= spec['tokens_per_call'] <= 5
-  assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
+  for name in ('ngram gamma=4', 'truncated:1 gamma=4'):
+    spec = saved['methods'][name]
+    assert spec['acceptance_rate'] is None or 0 <= spec['acceptance_rate'] <= 1
+    assert 1 <= spec['tokens_per_call'] <= 5
+    assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
 
 
@@ -57,8 +60,10 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     ('prompts', 'nosuchset', 'nosuchset'),
     ('verifier', 'maybe', "config.verifier = 'maybe'"),
     ('gammas', (2, 0), r'config.gammas = \(2, 0\)'),
-    ('draft', 'truncated:x', 'truncated:<number of layers>'),
-    ('draft', 'truncated:9', '1 <= layers < 2'),
+    ('drafts', ('truncated:x',), 'truncated:<number of layers>'),
+    ('drafts', ('truncated:9',), '1 <= layers < 2'),
+    ('drafts', ('ngram:two',), 'ngram:<longest n-gram>'),
+    ('drafts', ('',), 'config.drafts'),
 ])
 def test_invalid_config_values_are_named(tmp_path, field, value, match):
   with pytest.raises(ValueError, match=match):

@@ -52,3 +52,22 @@ def test_samples_follow_the_warped_distribution():
 def test_invalid_settings_are_named(kwargs, match):
   with pytest.raises(ValueError, match=match):
     SamplingConfig(**kwargs)
+
+
+def test_fast_argmax_is_argmax_with_first_index_on_ties():
+  from specjax.decode.sampling import argmax
+  x = jax.random.normal(jax.random.key(3), (6, 1000))
+  np.testing.assert_array_equal(argmax(x), jnp.argmax(x, -1))
+  assert int(argmax(jnp.array([1.0, 3.0, 3.0, 2.0]))) == 1
+
+
+def test_inverse_cdf_sampler_follows_probs_and_never_picks_zero_mass():
+  from specjax.decode.sampling import sample_probs
+  p = jnp.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+  draws = sample_probs(jnp.tile(p, (40000, 1)), jax.random.key(2))
+  counts = np.bincount(np.asarray(draws), minlength=6)
+  assert counts[[0, 2, 5]].sum() == 0
+  expected = np.array([0.5, 0.2, 0.3]) * counts.sum()
+  assert stats.chisquare(counts[[1, 3, 4]], expected).pvalue > 1e-3
+  unnormalised = sample_probs(jnp.tile(p * 7, (4, 1)), jax.random.key(2))
+  np.testing.assert_array_equal(unnormalised, draws[:4])

@@ -187,3 +187,78 @@ def test_speculation_without_a_drafter_is_refused(target):
 def test_truncated_draft_layer_count_is_checked(target):
   with pytest.raises(ValueError, match='1 <= layers < 3'):
     truncated_target(*target, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt lookup.
+
+def ngram_engine(target, **kwargs):
+  from specjax.drafters import NgramDrafter
+  cfg, params = target
+  return Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size,
+                                                                              **kwargs))
+
+
+def test_ngram_lookup_finds_the_most_recent_longest_match():
+  from specjax.drafters.ngram import last_match
+  ctx = jnp.array([[5, 6, 7, 1, 5, 6, 9, 2, 5, 6, -1, -1]])
+  length = jnp.array([10])
+  assert int(last_match(ctx, length, 2)[0]) == 5  # '5 6' ended at 5 most recently
+  assert int(last_match(ctx, length, 3)[0]) == -1  # '2 5 6' never occurred before
+  assert int(last_match(ctx, length, 1)[0]) == 5  # the last earlier '6'
+
+
+def test_ngram_drafter_proposes_the_continuation(target):
+  engine = ngram_engine(target)
+  cfg, params = target
+  prompt = [10, 11, 12, 13, 14, 15, 16, 17, 10, 11]
+  from specjax.decode.loop import Method, prefill
+  method = Method(gamma=4, drafter=engine.drafter)
+  state = prefill({'target': params, 'draft': None}, jnp.asarray([prompt]), jnp.array([10]),
+                  jnp.array([8]), jax.random.key(0), cfg=cfg, method=method,
+                  sampling=SamplingConfig(), eos_id=-1, cache_size=32, out_len=16)
+  first = int(state.tokens[0, 0])
+  tokens, q, ds = engine.drafter.propose(None, state.extra['draft'], state, None, 4,
+                                         SamplingConfig())
+  if first == 12:  # '11 12' seen before: propose what followed it
+    assert tokens[0].tolist() == [13, 14, 15, 16]
+  assert bool(ds.found[0]) == (first in prompt)
+  np.testing.assert_array_equal(q.argmax(-1), tokens)
+
+
+@pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])
+def test_ngram_greedy_equals_target_greedy(target, verifier):
+  engine = ngram_engine(target)
+  repetitive = [PROMPTS[0] * 4, PROMPTS[1] * 2, [7, 7, 7, 7], PROMPTS[3] * 3]
+  reference = engine.generate(repetitive, 30).tokens
+  for gamma in (1, 3, 8):
+    out = engine.generate(repetitive, 30, gamma=gamma, verifier=verifier)
+    assert out.tokens == reference
+    assert all(len(d) == len(a) for d, a in zip(out.drafted, out.accepted))
+    assert all(x in (0, gamma) for d in out.drafted for x in d)
+
+
+def test_ngram_on_a_looping_target_accepts_everything():
+  # The successor model counts 4, 5, ..., 63, 0, 1, ...: nothing to look up until the count
+  # wraps around and repeats the prompt, then every proposal is right.
+  from specjax.drafters import NgramDrafter
+  cfg, params = testing.successor_model(64)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=256, drafter=NgramDrafter(64))
+  out = engine.generate([[1, 2, 3]], 150, gamma=4, verifier='greedy')
+  assert out.tokens[0] == [(4 + i) % 64 for i in range(150)]
+  drafted, accepted = out.drafted[0], out.accepted[0]
+  first = drafted.index(4)  # the first iteration that found a match
+  assert drafted[:first] == [0] * first and accepted[:first] == [0] * first  # plain steps
+  assert first == 61  # when the last token is 1 (emitted at index 61): it is in the prompt
+  assert accepted[first:-1] == [4] * (len(accepted) - first - 1)
+  assert out.acceptance_rate > 0.95
+
+
+def test_ngram_sampling_is_lossless(small_vocab):
+  from specjax.drafters import NgramDrafter
+  (cfg, params), _ = small_vocab
+  engine = Engine(params, cfg, eos_id=-1, cache_size=16, drafter=NgramDrafter(VOCAB, n_max=2))
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(cfg, params, sampling)
+  out = engine.generate([PROMPT] * N, 3, sampling, seed=4, gamma=2, verifier='rejection')
+  assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3

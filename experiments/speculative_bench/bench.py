@@ -57,22 +57,37 @@ def run_setting(engine, prompts, batch, sampling, gammas, max_new, seed=0):
   return outs
 
 
+def verified_fraction(runs) -> float:
+  """Share of iterations that verified a draft (the others were plain steps)."""
+  spec = total = 0
+  for o in runs:
+    width = max(len(d) for d in o.drafted)
+    for i in range(width):
+      spec += any(i < len(d) and d[i] > 0 for d in o.drafted)
+      total += 1
+  return spec / max(total, 1)
+
+
 def summarize(outs, gamma, baseline, costs):
   runs = outs[gamma]
   tokens = sum(o.num_generated for o in runs)
   seconds = sum(o.prefill_seconds + o.decode_seconds for o in runs)
   rows = [a for o in runs for a in o.accepted]
+  drafted = sum(sum(d) for o in runs for d in o.drafted)
   iters = sum(len(a) for a in rows)
   calls = sum(len(a) + 1 for a in rows)
   res = {'tokens': tokens, 'tokens_per_second': tokens / seconds,
          'tokens_per_call': tokens / calls,
-         'acceptance_rate': sum(map(sum, rows)) / (iters * gamma) if gamma and iters else None,
+         'acceptance_rate': sum(map(sum, rows)) / max(drafted, 1) if gamma else None,
          'zero_accept_fraction': (sum(a.count(0) for a in rows) / iters) if gamma else None,
          'greedy_mismatches': sum(t != b for o, ob in zip(runs, baseline)
                                   for t, b in zip(o.tokens, ob.tokens)),
          'iteration_ms': 1e3 * sum(o.decode_seconds for o in runs) / sum(o.steps for o in runs)}
   if gamma:
-    parts = costs['draft_first'] + (gamma - 1) * costs['draft_step'] + costs['verify'][gamma]
+    verified = verified_fraction(runs)
+    parts = verified * (costs['draft_first'] + (gamma - 1) * costs['draft_step']
+                        + costs['verify'][gamma]) + (1 - verified) * costs['target_step']
+    res['verified_fraction'] = verified
     res['parts_ms'] = parts
     res['overhead_fraction'] = (res['iteration_ms'] - parts) / res['iteration_ms']
   return res
@@ -86,6 +101,9 @@ def main():
   parser.add_argument('--temperatures', default='0,1')
   parser.add_argument('--max_new', type=int, default=64)
   parser.add_argument('--verifier', default='rejection')
+  parser.add_argument('--prompts', default='mtbench',
+                      help='a prompt set; mtbench uses one prompt per category')
+  parser.add_argument('--num_prompts', type=int, default=8)
   parser.add_argument('--out', default='experiments/speculative_bench/results')
   args = parser.parse_args()
   gammas = [int(g) for g in args.gammas.split(',')]
@@ -94,13 +112,17 @@ def main():
   drafter, draft_params, label = loader.load_draft(args.draft, target)
   engine = Engine(target.params, target.cfg, eos_id=target.tokenizer.eos_id, cache_size=1024,
                   drafter=drafter, draft_params=draft_params)
-  mtbench = prompts_lib.load_prompts('mtbench')
-  prompts = [target.tokenizer.encode_chat(p.text) for p in mtbench[::10]]  # one per category
+  chosen = prompts_lib.load_prompts(args.prompts)
+  chosen = chosen[::10] if args.prompts == 'mtbench' else chosen[:args.num_prompts]
+  prompts = [target.tokenizer.encode_chat(p.text) for p in chosen]
   results = []
   for batch in (int(b) for b in args.batches.split(',')):
-    slots = 256  # the cache bucket these prompts + max_new land in
-    costs = {'draft_first': forward_ms(engine.draft_params, drafter.cfg, batch, 2, slots),
-             'draft_step': forward_ms(engine.draft_params, drafter.cfg, batch, 1, slots),
+    slots = max(256, 1 << (max(map(len, prompts)) + args.max_new - 1).bit_length())
+    model_draft = hasattr(drafter, 'cfg')  # prompt lookup has no forward pass to time
+    costs = {'draft_first': forward_ms(engine.draft_params, drafter.cfg, batch, 2, slots)
+                            if model_draft else 0.0,
+             'draft_step': forward_ms(engine.draft_params, drafter.cfg, batch, 1, slots)
+                           if model_draft else 0.0,
              'target_step': forward_ms(engine.params, target.cfg, batch, 1, slots),
              'verify': {g: forward_ms(engine.params, target.cfg, batch, g + 1, slots)
                         for g in gammas}}
@@ -127,7 +149,8 @@ def main():
                                    text=True).stdout.strip(),
           'machine': f'{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} '
                      f'{jax.devices()[0].platform}',
-          'draft': label, 'verifier': args.verifier, 'prompts': len(prompts),
+          'draft': label, 'verifier': args.verifier, 'prompt_set': args.prompts,
+          'prompts': len(prompts),
           'max_new': args.max_new}
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ Every prompt is one user chat message, to be wrapped by the model's chat templat
 
   load_prompts('humaneval')          # 164 function completions
   load_prompts('mtbench:coding', 5)  # the first 5 MT-Bench coding questions (first turns)
+  load_prompts('code_edit')          # return a stdlib function with a small change
   load_prompts('my_prompts.jsonl')   # {"prompt": "...", "category": "...", "id": "..."} a line
 """
 
@@ -24,7 +25,7 @@ HUMANEVAL_INSTRUCTION = (
   'Complete the following Python function. Reply with the full function in a Python code block.'
   '\n\n```python\n{prompt}```'
 )
-_KNOWN = 'humaneval, mtbench, mtbench:<category>, or a path to a .jsonl file'
+_KNOWN = 'humaneval, mtbench, mtbench:<category>, code_edit, or a path to a .jsonl file'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,9 @@ def _resolve(spec: str) -> tuple[Prompt, ...] | list[Prompt]:
     return humaneval()
   if spec == 'mtbench':
     return mtbench()
+  if spec == 'code_edit':
+    from specjax.data.code_edit import code_edit_prompts
+    return [Prompt(id=i, text=t, category='code_edit') for i, t in code_edit_prompts()]
   if spec.startswith('mtbench:'):
     return mtbench(spec.split(':', 1)[1])
   if _looks_like_path(spec):

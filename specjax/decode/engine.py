@@ -33,6 +33,7 @@ class GenerationOutput:
   decode_seconds: float
   steps: int  # loop iterations: target forward passes after the prefill
   accepted: list[list[int]] = dataclasses.field(default_factory=list)  # per row, per iteration
+  drafted: list[list[int]] = dataclasses.field(default_factory=list)  # gamma, or 0 if skipped
   gamma: int = 0
   compile_seconds: float = 0.0  # first call for this shape (compile + a 1-token warm-up run)
 
@@ -48,7 +49,7 @@ class GenerationOutput:
   @property
   def acceptance_rate(self) -> float:
     """Accepted draft tokens / drafted tokens over every row's iterations (nan if none)."""
-    drafted = sum(len(a) for a in self.accepted) * self.gamma
+    drafted = sum(sum(d) for d in self.drafted)
     return sum(sum(a) for a in self.accepted) / drafted if drafted else float('nan')
 
   @property
@@ -199,7 +200,8 @@ class Engine:
     out.compile_seconds = compile_seconds
     return out
 
-  def _run(self, tokens, lengths, max_new, out_len, slots, sampling, seed, method) -> GenerationOutput:
+  def _run(self, tokens, lengths, max_new, out_len, slots, sampling, seed,
+           method) -> GenerationOutput:
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
     state = self._prefill(params, self._put(tokens), self._put(lengths), self._put(max_new),
@@ -209,11 +211,12 @@ class Engine:
     mid = time.perf_counter()
     state = self._decode(params, state, cfg=self.cfg, method=method, sampling=sampling,
                          eos_id=self.eos_id)
-    out_tokens, counts, steps, history = jax.device_get(
-        (state.tokens, state.num_generated, state.step, state.extra['accepted']))
+    out_tokens, counts, steps, accepted, drafted = jax.device_get(
+        (state.tokens, state.num_generated, state.step, state.extra['accepted'],
+         state.extra['drafted']))
     end = time.perf_counter()
     return GenerationOutput(
         tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],
         prompt_lens=lengths.tolist(), prefill_seconds=mid - start, decode_seconds=end - mid,
-        steps=int(steps), accepted=[row[row >= 0].tolist() for row in history],
-        gamma=method.gamma)
+        steps=int(steps), accepted=[row[row >= 0].tolist() for row in accepted],
+        drafted=[row[row >= 0].tolist() for row in drafted], gamma=method.gamma)

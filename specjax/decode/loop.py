@@ -62,8 +62,8 @@ def prefill(params, prompt_tokens, prompt_lens, max_new, key, *, cfg: llama.Llam
   if method.gamma:
     draft_state = method.drafter.init(params['draft'], prompt_tokens, prompt_lens, cache_size,
                                       constrain_cache)
-  accepted = jnp.full((prompt_tokens.shape[0], out_len), -1, jnp.int32)
-  return state.replace(extra={'draft': draft_state, 'accepted': accepted})
+  history = jnp.full((prompt_tokens.shape[0], out_len), -1, jnp.int32)  # per row, iteration
+  return state.replace(extra={'draft': draft_state, 'accepted': history, 'drafted': history})
 
 
 def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
@@ -72,27 +72,45 @@ def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
   key, k_draft, k_verify = jax.random.split(state.key, 3)
   last = state.last_tokens[:, None]  # [B, 1]
   draft_state = state.extra['draft']
+  target = params['target']
+
+  def plain(_):
+    logits, cache = llama.forward(target, last, state.cache, cfg)
+    token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
+    zeros = jnp.zeros_like(state.num_generated)
+    return jnp.pad(token, ((0, 0), (0, method.gamma))), zeros, zeros, cache
+
   if method.gamma == 0:
-    logits, cache = llama.forward(params['target'], last, state.cache, cfg)
-    new_tokens = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
-    accepted = jnp.zeros_like(state.num_generated)
+    new_tokens, accepted, drafted, cache = plain(None)
   else:
     draft, q, draft_state = method.drafter.propose(params['draft'], draft_state, state, k_draft,
                                                    method.gamma, sampling)
-    logits, cache = llama.forward(params['target'], jnp.concatenate([last, draft], 1),
-                                  state.cache, cfg)  # [B, K+1, V]
-    p = sampling_lib.probabilities(logits, sampling)
-    accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
-    offsets = jnp.arange(method.gamma + 1)
-    new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
-                           nxt[:, None])
-  history = state.extra['accepted'].at[:, state.step].set(
-      jnp.where(state.done, -1, accepted), mode='drop')
+
+    def speculative(_):
+      inputs = jnp.concatenate([last, draft], 1)
+      logits, cache = llama.forward(target, inputs, state.cache, cfg)  # [B, K+1, V]
+      p = sampling_lib.probabilities(logits, sampling)
+      accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
+      offsets = jnp.arange(method.gamma + 1)
+      new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
+                             nxt[:, None])
+      return new_tokens, accepted, jnp.full_like(accepted, method.gamma), cache
+
+    if getattr(method.drafter, 'skip_when_empty', False):
+      # Nothing proposed anywhere in the batch: a plain step costs less than verification.
+      new_tokens, accepted, drafted, cache = jax.lax.cond(
+          method.drafter.has_proposals(draft_state), speculative, plain, None)
+    else:
+      new_tokens, accepted, drafted, cache = speculative(None)
+  record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
+  accepted_history = record(state.extra['accepted'], accepted)
+  drafted_history = record(state.extra['drafted'], drafted)
   state = state.replace(cache=cache, key=key, step=state.step + 1)
   state = commit(state, new_tokens, accepted + 1, eos_id)
   if method.gamma:
     draft_state = method.drafter.rollback(draft_state, state)
-  return state.replace(extra={'draft': draft_state, 'accepted': history})
+  return state.replace(extra={'draft': draft_state, 'accepted': accepted_history,
+                              'drafted': drafted_history})
 
 
 def decode(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,

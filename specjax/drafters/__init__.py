@@ -2,5 +2,6 @@
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.model import ModelDrafter, truncated_target
+from specjax.drafters.ngram import NgramDrafter
 
-__all__ = ['Drafter', 'ModelDrafter', 'truncated_target']
+__all__ = ['Drafter', 'ModelDrafter', 'NgramDrafter', 'truncated_target']

@@ -69,10 +69,18 @@ def _cast(params, dtype):
 def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
   """(drafter, draft params, description) for a draft spec, checked against the target.
 
+  'ngram' or 'ngram:N' is prompt lookup with n-grams of up to N tokens (default 3);
   'truncated:K' is the target's first K layers sharing its embeddings (an untrained
   stand-in); any other spec is loaded like a model and must share the target's vocabulary.
   """
-  from specjax.drafters import ModelDrafter, truncated_target
+  from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
+  if spec == 'ngram' or spec.startswith('ngram:'):
+    try:
+      n_max = int(spec.split(':', 1)[1]) if ':' in spec else 3
+    except ValueError:
+      raise ValueError(f'draft {spec!r}: expected ngram:<longest n-gram>') from None
+    drafter = NgramDrafter(target.cfg.vocab_size, n_max=n_max)
+    return drafter, None, f'prompt lookup {drafter.name}'
   if spec.startswith('truncated:'):
     try:
       layers = int(spec.split(':', 1)[1])

@@ -14,8 +14,8 @@ possible stopping point) and one tiny random draw, so tests can enumerate a plan
 exactly and check the draw statistically.
 """
 
-from specjax.verify.common import Plan, stop_distribution
 from specjax.verify.block import block_plan, block_verify
+from specjax.verify.common import Plan, stop_distribution
 from specjax.verify.greedy import greedy_plan, greedy_verify
 from specjax.verify.rejection import rejection_plan, rejection_verify
 

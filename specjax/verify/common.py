@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.decode import sampling as sampling_lib
+
 TINY = 1e-12
 
 
@@ -63,8 +65,7 @@ def ratio(p: jax.Array, q: jax.Array) -> jax.Array:
 def sample_next(plan: Plan, accepted: jax.Array, key: jax.Array) -> jax.Array:
   """Draws the token that follows the kept draft tokens from the plan's residual."""
   dist = jnp.take_along_axis(plan.residuals, accepted[:, None, None], axis=1)[:, 0]  # [B, V]
-  logits = jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1.0)), -jnp.inf)
-  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+  return sampling_lib.sample_probs(dist, key)
 
 
 def run_plan(plan: Plan, key: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,97 @@
+"""Prompt lookup: propose what followed the last time the recent text occurred.
+
+The context is the prompt plus every emitted token. For n from `n_max` down to `n_min`,
+the last n tokens are searched for in the earlier context; at the most recent earlier
+occurrence of the longest n that has one, the gamma tokens that followed it are
+proposed (deterministically: q is one-hot). Rows without any match propose nothing
+useful, and when no row of the batch has a match the loop runs a plain one-token step
+instead of a (gamma + 1)-token verification (`skip_when_empty`), so a miss costs no
+more than autoregressive decoding. Everything is array code with static shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafters.base import Drafter
+
+
+@struct.dataclass
+class NgramState:
+  prompt: jax.Array  # [B, S] prompt tokens, -1 past each row's prompt
+  found: jax.Array  # [B] bool: did the last proposal come from a match
+
+
+def context(draft_state: NgramState, state) -> tuple[jax.Array, jax.Array]:
+  """([B, S] prompt + emitted tokens, -1 elsewhere; [B] its length)."""
+  b, out_len = state.tokens.shape
+  offsets = jnp.arange(out_len)
+  positions = state.prompt_lens[:, None] + offsets
+  emitted = jnp.where(offsets < state.num_generated[:, None], state.tokens, -1)
+  ctx = draft_state.prompt.at[jnp.arange(b)[:, None], positions].set(emitted, mode='drop')
+  return ctx, state.prompt_lens + state.num_generated
+
+
+def last_match(ctx: jax.Array, length: jax.Array, n: int) -> jax.Array:
+  """[B] end index of the most recent earlier occurrence of the last n tokens, or -1."""
+  s = ctx.shape[1]
+  ends = jnp.arange(s)
+  pattern = jnp.take_along_axis(ctx, jnp.maximum(length[:, None] - n + jnp.arange(n), 0), 1)
+  match = (ends >= n - 1)[None] & (ends[None] < length[:, None] - 1) & (length[:, None] >= n)
+  for k in range(n):  # ctx[j - k] == pattern[n - 1 - k] for every end j
+    shifted = jnp.roll(ctx, k, axis=1)
+    match &= shifted == pattern[:, n - 1 - k:n - k]
+  return jnp.max(jnp.where(match, ends[None], -1), axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter(Drafter):
+  """Prompt-lookup drafter over a `vocab`-token vocabulary."""
+
+  vocab: int
+  n_max: int = 3
+  n_min: int = 1
+  skip_when_empty: bool = True
+
+  def __post_init__(self):
+    if not 1 <= self.n_min <= self.n_max:
+      raise ValueError(f'ngram drafter needs 1 <= n_min <= n_max, got n_min={self.n_min}, '
+                       f'n_max={self.n_max}')
+
+  @property
+  def name(self) -> str:
+    return f'ngram(n={self.n_min}..{self.n_max})'
+
+  @property
+  def vocab_size(self) -> int:
+    return self.vocab
+
+  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
+    b, p = prompt_tokens.shape
+    valid = jnp.arange(p)[None] < prompt_lens[:, None]
+    prompt = jnp.full((b, cache_size), -1, jnp.int32)
+    prompt = prompt.at[:, :p].set(jnp.where(valid, prompt_tokens, -1)[:, :cache_size])
+    return NgramState(prompt=prompt, found=jnp.zeros((b,), bool))
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    ctx, length = context(draft_state, state)
+    end = jnp.full(length.shape, -1)
+    for n in range(self.n_max, self.n_min - 1, -1):  # the longest n with a match wins
+      end = jnp.where(end >= 0, end, last_match(ctx, length, n))
+    found = end >= 0
+    positions = end[:, None] + 1 + jnp.arange(gamma)
+    positions = jnp.minimum(positions, length[:, None] - 1)  # repeat the last known token
+    tokens = jnp.take_along_axis(ctx, positions, axis=1)
+    tokens = jnp.where(found[:, None] & (tokens >= 0), tokens, 0).astype(jnp.int32)
+    q = jax.nn.one_hot(tokens, self.vocab, dtype=jnp.float32)
+    return tokens, q, draft_state.replace(found=found)
+
+  def rollback(self, draft_state, state):
+    return draft_state
+
+  def has_proposals(self, draft_state) -> jax.Array:
+    return jnp.any(draft_state.found)
