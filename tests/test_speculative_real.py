@@ -15,8 +15,9 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope='module')
 def setup(smollm2):
-  # 20 layers of 30: a draft that agrees often enough to exercise multi-token acceptance.
-  drafter, draft_params, _ = loader.load_draft('truncated:20', smollm2)
+  # 28 layers of 30: a draft that agrees often enough to exercise multi-token acceptance
+  # (truncated drafts agree surprisingly rarely: 20 layers accept under 10%).
+  drafter, draft_params, _ = loader.load_draft('truncated:28', smollm2)
   engine = Engine(smollm2.params, smollm2.cfg, eos_id=smollm2.tokenizer.eos_id, cache_size=1024,
                   drafter=drafter, draft_params=draft_params)
   texts = ([p.text for p in prompts_lib.load_prompts('mtbench')[::8]]  # 10, all categories
@@ -48,4 +49,6 @@ def test_real_greedy_identity_on_20_prompts(setup, gamma):
   print(f'gamma={gamma}: {mismatches} mismatches of {len(prompts)}, {near_ties} near-ties, '
         f'acceptance {out.acceptance_rate:.2f}')
   assert mismatches == near_ties
-  assert out.acceptance_rate > 0.2  # the draft's tokens really were accepted and used
+  # The draft's tokens really were accepted, several at a time.
+  assert out.acceptance_rate > 0.1
+  assert max(max(a) for a in out.accepted) >= min(gamma, 2)
