@@ -262,3 +262,28 @@ def test_ngram_sampling_is_lossless(small_vocab):
   probs = exact_continuations(cfg, params, sampling)
   out = engine.generate([PROMPT] * N, 3, sampling, seed=4, gamma=2, verifier='rejection')
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# Self-speculative layer skipping.
+
+def test_layer_skipping_draft_shares_the_targets_weights(target):
+  cfg, params = target
+  drafter = ModelDrafter(cfg, layers=(0, 2))
+  engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=drafter, draft_params=params)
+  reference = engine.generate(PROMPTS, 24).tokens
+  for gamma, verifier in ((2, 'greedy'), (4, 'block')):
+    out = engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier)
+    assert out.tokens == reference
+  all_layers = ModelDrafter(cfg, layers=(0, 1, 2))  # every layer: a perfect draft
+  engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=all_layers, draft_params=params)
+  out = engine.generate(PROMPTS, 21, gamma=4)
+  assert all(a == [4] * 4 for a in out.accepted)
+
+
+@pytest.mark.parametrize('text,match', [('5-2', 'distinct layers'), ('0-3,2', 'distinct layers'),
+                                        ('a-b', 'ranges like'), ('0-40', r'in \[0, 30\)')])
+def test_layer_lists_are_checked(text, match):
+  from specjax.drafters.model import parse_layers
+  with pytest.raises(ValueError, match=match):
+    parse_layers(text, 30)

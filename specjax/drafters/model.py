@@ -37,10 +37,23 @@ def last_two_tokens(draft_state: ModelDraftState, state) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter(Drafter):
-  """Drafts with a Llama-family model `cfg` (params passed separately)."""
+  """Drafts with a Llama-family model `cfg` (params passed separately).
+
+  `layers`, if set, runs only those layers of the model: with the target's own
+  parameters that is self-speculative decoding by layer skipping (Draft & Verify,
+  Zhang et al. 2023), the draft sharing every weight with the target.
+  """
 
   cfg: llama.LlamaConfig
   label: str = 'draft model'
+  layers: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    if self.layers is not None and (
+        not self.layers or any(not 0 <= i < self.cfg.n_layers for i in self.layers)
+        or list(self.layers) != sorted(set(self.layers))):
+      raise ValueError(f'draft layers must be increasing indices in [0, {self.cfg.n_layers}), '
+                       f'got {self.layers}')
 
   @property
   def name(self) -> str:
@@ -54,20 +67,21 @@ class ModelDrafter(Drafter):
     cache = KVCache.init(self.cfg, prompt_tokens.shape[0], cache_size, params['embed'].dtype)
     if constrain is not None:
       cache = constrain(cache)
-    _, cache = llama.forward_hidden(params, prompt_tokens, cache, self.cfg)
+    _, cache = llama.forward_hidden(params, prompt_tokens, cache, self.cfg, self.layers)
     last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     return ModelDraftState(cache=cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     cache = draft_state.cache
-    logits, cache = llama.forward(params, last_two_tokens(draft_state, state), cache, self.cfg)
+    logits, cache = llama.forward(params, last_two_tokens(draft_state, state), cache, self.cfg,
+                                  self.layers)
     logits = logits[:, -1]
     tokens, dists = [], []
     for i, k in enumerate(jax.random.split(key, gamma)):
       dists.append(sampling_lib.probabilities(logits, sampling))
       tokens.append(sampling_lib.sample(logits, k, sampling))
       if i + 1 < gamma:
-        logits, cache = llama.forward(params, tokens[-1][:, None], cache, self.cfg)
+        logits, cache = llama.forward(params, tokens[-1][:, None], cache, self.cfg, self.layers)
         logits = logits[:, 0]
     return (jnp.stack(tokens, 1), jnp.stack(dists, 1),
             draft_state.replace(cache=cache))
@@ -89,3 +103,17 @@ def truncated_target(cfg: llama.LlamaConfig, params, num_layers: int):
   draft_params = {k: v for k, v in params.items() if k != 'layers'}
   draft_params['layers'] = params['layers'][:num_layers]
   return draft_cfg, draft_params
+
+
+def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
+  """'0-11,20-29' -> (0, 1, ..., 11, 20, ..., 29), checked against n_layers."""
+  layers = []
+  try:
+    for part in text.split(','):
+      lo, _, hi = part.partition('-')
+      layers += range(int(lo), int(hi or lo) + 1)
+  except ValueError:
+    raise ValueError(f'layer list {text!r}: expected ranges like 0-11,20-29') from None
+  if not layers or min(layers) < 0 or max(layers) >= n_layers or len(set(layers)) != len(layers):
+    raise ValueError(f'layer list {text!r}: expected distinct layers in [0, {n_layers})')
+  return tuple(sorted(layers))

@@ -71,9 +71,16 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
 
   'ngram' or 'ngram:N' is prompt lookup with n-grams of up to N tokens (default 3);
   'truncated:K' is the target's first K layers sharing its embeddings (an untrained
-  stand-in); any other spec is loaded like a model and must share the target's vocabulary.
+  stand-in); 'layers:0-11,20-29' is the target itself running only those layers, with
+  its own cache (self-speculative layer skipping); any other spec is loaded like a model
+  and must share the target's vocabulary.
   """
   from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
+  from specjax.drafters.model import parse_layers
+  if spec.startswith('layers:'):
+    layers = parse_layers(spec.split(':', 1)[1], target.cfg.n_layers)
+    label = f'target with {len(layers)} of {target.cfg.n_layers} layers ({spec[7:]})'
+    return ModelDrafter(target.cfg, label=label, layers=layers), target.params, label
   if spec == 'ngram' or spec.startswith('ngram:'):
     try:
       n_max = int(spec.split(':', 1)[1]) if ':' in spec else 3
