@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import config_lib, verify
+from specjax import config_lib, report, verify
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 from specjax.decode.sampling import SamplingConfig
@@ -204,8 +204,19 @@ def summarize(config, model, records, compile_seconds, drafts=None) -> dict:
   methods = {name: method_summary(recs, baseline, compile_seconds[name])
              for name, recs in records.items()}
   base_tps = methods['autoregressive']['tokens_per_second']
-  for m in methods.values():
+  categories = sorted({r['category'] for r in baseline})
+  for name, m in methods.items():
     m['speedup'] = m['tokens_per_second'] / base_tps
+    m['categories'] = {}
+    for cat in categories:
+      pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
+      sub = method_summary([records[name][i] for i in pick], [baseline[i] for i in pick], 0.0)
+      del sub['compile_seconds']
+      m['categories'][cat] = sub
+  for name, m in methods.items():
+    for cat, sub in m['categories'].items():
+      sub['speedup'] = (sub['tokens_per_second']
+                        / methods['autoregressive']['categories'][cat]['tokens_per_second'])
   return {'model': model.source, 'drafts': drafts or {}, 'verifier': config.verifier,
           'temperature': config.temperature, 'batch_size': config.batch_size,
           'num_prompts': len(baseline), 'methods': methods}
@@ -230,3 +241,5 @@ def write_results(out_dir: pathlib.Path, config, records, summary) -> None:
       for r in recs:
         f.write(json.dumps(r, ensure_ascii=False) + '\n')
   (out_dir / 'results.json').write_text(json.dumps(summary, indent=2))
+  report.write_csv(out_dir / 'results.csv', summary)
+  report.plot_all(out_dir, records, summary)

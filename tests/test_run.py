@@ -47,6 +47,14 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     assert 1 <= spec['tokens_per_call'] <= 5
     assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
+  for name, m in saved['methods'].items():  # per category: the prompts' own categories
+    assert set(m['categories']) == {'default', 'greet', 'math'}
+    assert sum(c['new_tokens'] for c in m['categories'].values()) == m['new_tokens']
+  rows = (tmp_path / 'out' / 'results.csv').read_text().splitlines()
+  assert rows[0].startswith('method,category,gamma,acceptance_rate,tokens_per_call')
+  assert len(rows) == 1 + 3 * 4  # 3 methods x (all + 3 categories)
+  for png in ('acceptance_by_position', 'speedup_vs_gamma', 'latency_cdf'):
+    assert (tmp_path / 'out' / f'{png}.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 @pytest.mark.parametrize('field,value,match', [

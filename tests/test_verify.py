@@ -106,7 +106,7 @@ def expected_accepted(name, tree, gamma):
 
 
 @pytest.mark.parametrize('name', ['rejection', 'block'])
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(kind=st.sampled_from(KINDS), gamma=st.integers(1, 3), vocab=st.integers(2, 4),
        seed=st.integers(0, 2**31 - 1))
 def test_verifier_output_is_the_target_distribution(name, kind, gamma, vocab, seed):
@@ -132,7 +132,7 @@ def test_greedy_verifier_reproduces_the_greedy_target():
   np.testing.assert_allclose([got.get(z, 0.0) for z in want], list(want.values()), atol=1e-5)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(kind=st.sampled_from(['random', 'q_zero_where_p_positive', 'one_hot_q', 'top_k_top_p']),
        gamma=st.integers(1, 3), seed=st.integers(0, 2**31 - 1))
 def test_block_accepts_at_least_as_many_as_token_level(kind, gamma, seed):
