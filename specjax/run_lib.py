@@ -213,7 +213,7 @@ def summarize(config, model, records, compile_seconds, drafts=None) -> dict:
       sub = method_summary([records[name][i] for i in pick], [baseline[i] for i in pick], 0.0)
       del sub['compile_seconds']
       m['categories'][cat] = sub
-  for name, m in methods.items():
+  for m in methods.values():
     for cat, sub in m['categories'].items():
       sub['speedup'] = (sub['tokens_per_second']
                         / methods['autoregressive']['categories'][cat]['tokens_per_second'])

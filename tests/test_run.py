@@ -47,7 +47,7 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     assert 1 <= spec['tokens_per_call'] <= 5
     assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
-  for name, m in saved['methods'].items():  # per category: the prompts' own categories
+  for m in saved['methods'].values():  # per category: the prompts' own categories
     assert set(m['categories']) == {'default', 'greet', 'math'}
     assert sum(c['new_tokens'] for c in m['categories'].values()) == m['new_tokens']
   rows = (tmp_path / 'out' / 'results.csv').read_text().splitlines()
