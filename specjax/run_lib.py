@@ -185,6 +185,7 @@ def method_summary(recs, baseline, compile_seconds) -> dict:
   new = sum(r['new_tokens'] for r in recs)
   lat = [r['latency_ms'] for r in recs]
   drafted = sum(sum(r['drafted']) for r in recs)
+  tried = [a for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
   return {
       'gamma': recs[0]['gamma'], 'new_tokens': new,
       'acceptance_rate': sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
@@ -193,6 +194,8 @@ def method_summary(recs, baseline, compile_seconds) -> dict:
       'tokens_per_second': new / max(sum(lat) / 1e3, 1e-9),
       'prefill_ms': percentiles([r['prefill_ms'] for r in recs]),
       'latency_ms': percentiles(lat),
+      'latency_ms_per_token': percentiles([r['latency_ms'] / r['new_tokens'] for r in recs]),
+      'zero_accept_fraction': tried.count(0) / len(tried) if tried else None,
       'greedy_mismatches': sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
       'compile_seconds': compile_seconds,
   }

@@ -45,6 +45,8 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     spec = saved['methods'][name]
     assert spec['acceptance_rate'] is None or 0 <= spec['acceptance_rate'] <= 1
     assert 1 <= spec['tokens_per_call'] <= 5
+    assert spec['zero_accept_fraction'] is None or 0 <= spec['zero_accept_fraction'] <= 1
+    assert spec['latency_ms_per_token']['p50'] <= spec['latency_ms']['p50']
     assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
   for m in saved['methods'].values():  # per category: the prompts' own categories
