@@ -114,7 +114,7 @@ def test_empty_prompt_set(tmp_path):
 
 @pytest.mark.parametrize('spec', ['alpaca', 'human_eval', ''])
 def test_unknown_spec(spec):
-  with pytest.raises(ValueError, match='humaneval, mtbench, mtbench:<category>, code_edit, or a path'):
+  with pytest.raises(ValueError, match='mtbench:<category>, code_edit, or a path'):
     load_prompts(spec)
 
 
