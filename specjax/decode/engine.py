@@ -121,15 +121,14 @@ class Engine:
                            donate_argnames=('state',))
     self._warm: set = set()
 
-  def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-              reserve: int = 0):
+  def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]):
     """Validates and pads a batch.
 
     Returns (tokens[B, P], lengths[B], max_new[B], out_len, slots): P is the prompt
     bucket, out_len the output buffer, and slots the cache size this batch gets: the
     smallest bucket that holds its longest row (attention reads every slot, so a
-    short batch should not pay for the engine's full cache_size). `reserve` extra
-    slots stay free at the end of every row (a verifier writes past the last token).
+    short batch should not pay for the engine's full cache_size). No slots are reserved
+    for verification: see specjax/decode/loop.py.
     """
     if not prompts:
       raise ValueError('no prompts to generate from')
@@ -140,15 +139,13 @@ class Engine:
         raise ValueError(f'prompt {i} is empty: it needs at least one token')
       if m < 1:
         raise ValueError(f'max_new_tokens must be >= 1, got {m} for prompt {i}')
-      if n + m + reserve > self.cache_size:
-        raise ValueError(
-            f'prompt {i} has {n} tokens; with max_new_tokens={m}'
-            + (f' and {reserve} reserved slots' if reserve else '')
-            + f' it needs {n + m + reserve} cache slots, but cache_size is {self.cache_size}')
+      if n + m > self.cache_size:
+        raise ValueError(f'prompt {i} has {n} tokens; with max_new_tokens={m} it needs {n + m} '
+                         f'cache slots, but cache_size is {self.cache_size}')
       ids = np.asarray(p)
       if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
         raise ValueError(f'prompt {i} has token ids outside [0, {self.cfg.vocab_size})')
-    slots = bucket_for(int((lengths + max_new).max()) + reserve, self.buckets)
+    slots = bucket_for(int((lengths + max_new).max()), self.buckets)
     width = min(bucket_for(int(lengths.max()), self.buckets), slots)
     tokens = np.full((len(prompts), width), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
