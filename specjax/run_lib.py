@@ -9,6 +9,7 @@ import pathlib
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -16,8 +17,9 @@ from specjax import config_lib, report, verify
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 from specjax.decode.sampling import SamplingConfig
-from specjax.models import loader
+from specjax.models import llama, loader
 from specjax.models import sharding as sharding_lib
+from specjax.models.kv_cache import KVCache
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -144,6 +146,10 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
         for name, _, _ in methods))
   drafts = {spec: label for spec, (_, label) in engines.items() if spec}
   summary = summarize(config, model, records, compile_seconds, drafts)
+  if sampling.greedy:
+    for name, m in summary['methods'].items():
+      m['near_ties'] = count_near_ties(engines[''][0], encoded, records[name],
+                                       records['autoregressive'])
   write_results(out_dir, config, records, summary)
   if config.prompt or (verbose and len(workload) <= 4):
     show_texts(say, records, sampling)
@@ -179,6 +185,26 @@ def show_texts(say, records, sampling) -> None:
         say(f'    {name}: DIFFERENT output (near-tie?):\n{recs[k]["output"]}')
       else:
         say(f'    {name} (a different sample):\n{recs[k]["output"]}')
+
+
+def count_near_ties(engine: Engine, encoded, recs, baseline, threshold: float = 1e-4) -> int:
+  """How many greedy mismatches start where the target's top-2 logits are within `threshold`.
+
+  A multi-token verify forward rounds differently from a one-token step, so outputs may
+  legitimately part at a near-tie; any other mismatch is a bug.
+  """
+  ties = 0
+  for ids, r, b in zip(encoded, recs, baseline):
+    if r['tokens'] == b['tokens']:
+      continue
+    first = next((i for i, (x, y) in enumerate(zip(r['tokens'], b['tokens'])) if x != y),
+                 min(len(r['tokens']), len(b['tokens'])))
+    context = list(ids) + b['tokens'][:first]
+    cache = KVCache.init(engine.cfg, 1, len(context), engine.params['embed'].dtype)
+    logits, _ = llama.forward(engine.params, jnp.asarray([context]), cache, engine.cfg)
+    top2 = np.sort(np.asarray(logits[0, -1]))[-2:]
+    ties += bool(top2[1] - top2[0] < threshold)
+  return ties
 
 
 def method_summary(recs, baseline, compile_seconds) -> dict:

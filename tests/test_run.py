@@ -48,6 +48,7 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     assert spec['zero_accept_fraction'] is None or 0 <= spec['zero_accept_fraction'] <= 1
     assert spec['latency_ms_per_token']['p50'] <= spec['latency_ms']['p50']
     assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
+    assert spec['near_ties'] == 0
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
   for m in saved['methods'].values():  # per category: the prompts' own categories
     assert set(m['categories']) == {'default', 'greet', 'math'}
@@ -114,3 +115,18 @@ def test_readme_command_answers_paris(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
   assert 'tok/s' in out.stdout
+
+
+def test_near_ties_are_counted_at_the_first_divergence():
+  from specjax import testing
+  from specjax.decode.engine import Engine
+  cfg, params = testing.tiny_model(seed=3)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=64)
+  prompt = [1, 2, 3]
+  base = {'tokens': engine.generate([prompt], 6).tokens[0]}
+  diverged = {'tokens': base['tokens'][:2] + [(base['tokens'][2] + 1) % 64] + base['tokens'][3:]}
+  same = {'tokens': list(base['tokens'])}
+  count = run_lib.count_near_ties
+  assert count(engine, [prompt], [same], [base]) == 0  # identical: nothing to explain
+  assert count(engine, [prompt], [diverged], [base]) == 0  # a clear argmax: not a tie
+  assert count(engine, [prompt], [diverged], [base], threshold=1e9) == 1
