@@ -1,7 +1,8 @@
 """Drafters: everything that proposes tokens for the target to verify."""
 
 from specjax.drafters.base import Drafter
+from specjax.drafters.consensus import ConsensusDrafter
 from specjax.drafters.model import ModelDrafter, truncated_target
 from specjax.drafters.ngram import NgramDrafter
 
-__all__ = ['Drafter', 'ModelDrafter', 'NgramDrafter', 'truncated_target']
+__all__ = ['ConsensusDrafter', 'Drafter', 'ModelDrafter', 'NgramDrafter', 'truncated_target']

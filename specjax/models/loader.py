@@ -72,8 +72,9 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
   'ngram' or 'ngram:N' is prompt lookup with n-grams of up to N tokens (default 3);
   'truncated:K' is the target's first K layers sharing its embeddings (an untrained
   stand-in); 'layers:0-11,20-29' is the target itself running only those layers, with
-  its own cache (self-speculative layer skipping); any other spec is loaded like a model
-  and must share the target's vocabulary.
+  its own cache (self-speculative layer skipping); 'consensus:N[,k=4,m=1,n=3]' drafts
+  each row from the other rows of its group of N (see drafters/consensus.py); any other
+  spec is loaded like a model and must share the target's vocabulary.
   """
   from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
   from specjax.drafters.model import parse_layers
@@ -81,6 +82,10 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
     layers = parse_layers(spec.split(':', 1)[1], target.cfg.n_layers)
     label = f'target with {len(layers)} of {target.cfg.n_layers} layers ({spec[7:]})'
     return ModelDrafter(target.cfg, label=label, layers=layers), target.params, label
+  if spec.startswith('consensus:'):
+    from specjax.drafters.consensus import parse_spec
+    drafter = parse_spec(spec, target.cfg.vocab_size)
+    return drafter, None, f'consensus drafts {drafter.name}'
   if spec == 'ngram' or spec.startswith('ngram:'):
     try:
       n_max = int(spec.split(':', 1)[1]) if ':' in spec else 3
