@@ -1,0 +1,1 @@
+"""Draft distillation (DistillSpec): divergences, data, and the training loop."""

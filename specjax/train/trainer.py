@@ -1,0 +1,307 @@
+"""Draft distillation: optax AdamW, a jitted train step, orbax checkpoints that resume.
+
+    train(config, workdir)   # what `python -m specjax.train_draft` runs
+
+The run keeps in `workdir`:
+  checkpoints/     orbax CheckpointManager: {'step', 'params', 'opt_state'} every
+                   `checkpoint_every` steps and on exit (also on SIGTERM / Ctrl-C). A new
+                   run in the same workdir resumes from the latest one.
+  metrics.jsonl    one JSON object per logged step (train) and per evaluation (eval).
+  loss.png, acceptance.png
+  draft/           the trained draft (specjax.drafters.distilled.save_draft format).
+
+Resuming is exact: data order is a function of the step (data.batch_indices), the step's
+key is fold_in(key, step), and the restored optimizer state is the saved one, so a run
+killed at any moment and restarted ends with the parameters of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import pathlib
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import tqdm
+
+from specjax.drafters import distilled
+from specjax.models.kv_cache import KVCache
+from specjax.train import data as data_lib
+from specjax.train import divergences
+
+log = logging.getLogger(__name__)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """Gradient clipping, then AdamW with linear warm-up and cosine decay."""
+  o = config.optim
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
+      decay_steps=max(config.num_steps, o.warmup_steps + 1), end_value=o.lr * o.end_lr_fraction)
+  return optax.chain(optax.clip_by_global_norm(o.clip_norm),
+                     optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
+
+
+def teacher_dense(topk_ids, topk_probs, full_to_sub, size: int) -> jax.Array:
+  """The teacher's top-k probabilities as a dense [B, T, K] distribution over the draft
+  vocabulary (renormalised: the draft can put no mass elsewhere)."""
+  b, t, k = topk_ids.shape
+  sub = full_to_sub[topk_ids]  # [B, T, k]; `size` where outside the draft vocabulary
+  rows = jnp.arange(b)[:, None, None]
+  cols = jnp.arange(t)[None, :, None]
+  p = jnp.zeros((b, t, size), jnp.float32).at[rows, cols, sub].add(
+      topk_probs.astype(jnp.float32), mode='drop')
+  return p / jnp.maximum(p.sum(-1, keepdims=True), 1e-6)
+
+
+def draft_logits(params, frozen, tokens, cfg):
+  """Draft logits [B, T, K] for whole sequences (teacher forcing)."""
+  cache = KVCache.init(cfg, tokens.shape[0], tokens.shape[1], frozen['embed'].dtype)
+  logits, _ = distilled.subset_logits({**params, **frozen}, tokens, cache, cfg)
+  return logits
+
+
+def loss_fn(params, frozen, batch, key, cfg, divergence: str, position_keep: float):
+  logits = draft_logits(params, frozen, batch['tokens'], cfg)
+  size = logits.shape[-1]
+  p = teacher_dense(batch['topk_ids'], batch['topk_probs'], frozen['full_to_sub'], size)
+  div = divergences.get(divergence)(p, logits)  # [B, T]
+  mask = batch['mask'].astype(jnp.float32)
+  if position_keep < 1:  # random subset of positions per step
+    mask = mask * jax.random.bernoulli(key, position_keep, mask.shape)
+  loss = jnp.sum(div * mask) / jnp.maximum(mask.sum(), 1.0)
+  agree = (jnp.argmax(logits, -1) == jnp.argmax(p, -1)).astype(jnp.float32)
+  return loss, {'agreement': jnp.sum(agree * mask) / jnp.maximum(mask.sum(), 1.0)}
+
+
+def make_train_step(cfg, optimizer, divergence: str, position_keep: float = 1.0):
+  """A jitted (state, frozen, batch, key) -> (state, metrics)."""
+  grad_fn = jax.value_and_grad(
+      functools.partial(loss_fn, cfg=cfg, divergence=divergence, position_keep=position_keep),
+      has_aux=True)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state, frozen, batch, key):
+    (loss, aux), grads = grad_fn(state['params'], frozen, batch, key)
+    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux}
+    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
+
+  return step
+
+
+def make_eval_step(cfg):
+  """A jitted (params, frozen, batch) -> per-position [B, T] greedy match and T=1 acceptance.
+
+  Greedy match: the draft's argmax is the target's. T=1 acceptance: sum over tokens of
+  min(p, q), the probability that rejection sampling accepts the draft's token (p known
+  on the teacher's top-k only, so this is a slight underestimate).
+  """
+  @jax.jit
+  def step(params, frozen, batch):
+    logits = draft_logits(params, frozen, batch['tokens'], cfg)
+    q = jax.nn.softmax(logits, -1)
+    sub = frozen['full_to_sub'][batch['topk_ids']]  # [B, T, k]
+    q_at = jnp.take_along_axis(q, jnp.minimum(sub, q.shape[-1] - 1), -1)
+    q_at = jnp.where(sub < q.shape[-1], q_at, 0.0)
+    accept = jnp.sum(jnp.minimum(batch['topk_probs'].astype(jnp.float32), q_at), -1)
+    draft_top = frozen['vocab_ids'][jnp.argmax(logits, -1)]
+    greedy = (draft_top == batch['topk_ids'][..., 0]).astype(jnp.float32)
+    return greedy, accept
+
+  return step
+
+
+def evaluate(eval_step, params, frozen, dataset: data_lib.Dataset, batch_size: int) -> dict:
+  """Mean greedy match and T=1 acceptance over `dataset`'s masked positions, per source."""
+  greedy, accept = [], []
+  for start in range(0, len(dataset), batch_size):
+    batch = as_batch(dataset.take(np.arange(start, min(start + batch_size, len(dataset)))))
+    g, a = eval_step(params, frozen, batch)
+    greedy.append(np.asarray(g))
+    accept.append(np.asarray(a))
+  greedy, accept = np.concatenate(greedy), np.concatenate(accept)
+  out = {}
+  for s, name in enumerate(data_lib.SOURCES):
+    rows = dataset.source == s
+    m = dataset.mask[rows]
+    if m.any():
+      out[f'greedy_{name}'] = float(greedy[rows][m].mean())
+      out[f'accept_t1_{name}'] = float(accept[rows][m].mean())
+  out['greedy'] = float(greedy[dataset.mask].mean())
+  out['accept_t1'] = float(accept[dataset.mask].mean())
+  return out
+
+
+def as_batch(ds: data_lib.Dataset) -> dict:
+  return {'tokens': ds.tokens, 'mask': ds.mask, 'topk_ids': ds.topk_ids,
+          'topk_probs': ds.topk_probs}
+
+
+class MetricsLog:
+  """metrics.jsonl: appends records; on resume drops those past the restored step."""
+
+  def __init__(self, path: pathlib.Path, resume_step: int):
+    self.path = path
+    self.records = []
+    if path.exists():
+      for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r['step'] <= resume_step:
+          self.records.append(r)
+    path.write_text(''.join(json.dumps(r) + '\n' for r in self.records))
+
+  def write(self, record: dict) -> None:
+    self.records.append(record)
+    with self.path.open('a') as f:
+      f.write(json.dumps(record) + '\n')
+
+  def plot(self, workdir: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    train = [r for r in self.records if r['kind'] == 'train']
+    evals = [r for r in self.records if r['kind'] == 'eval']
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss')
+    ax.set_xlabel('step')
+    ax.set_ylabel('divergence')
+    ax.set_yscale('log')
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(workdir / 'loss.png', dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    keys = sorted({k for r in evals for k in r if k.startswith(('greedy', 'accept_t1'))})
+    for k in keys:
+      ax.plot([r['step'] for r in evals], [r.get(k, np.nan) for r in evals], marker='.', label=k)
+    ax.set_xlabel('step')
+    ax.set_ylabel('acceptance on held-aside data')
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(workdir / 'acceptance.png', dpi=100)
+    plt.close(fig)
+
+
+class _Stop(Exception):
+  pass
+
+
+def _raise_stop(signum, frame):
+  raise _Stop(signum)
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything a run needs before its first step (also what tests and notebooks use)."""
+
+  target: object
+  train_data: data_lib.Dataset
+  eval_data: data_lib.Dataset
+  cfg: object  # the draft's LlamaConfig
+  init_params: dict  # trained groups only
+  frozen: dict  # embed, vocab_ids, full_to_sub
+  vocab_coverage: dict
+
+
+def setup(config, progress=print) -> Setup:
+  from specjax.models.loader import load_model
+  target = load_model(config.target)
+  train_data, eval_data = data_lib.build(target, config.data, progress=progress)
+  v = target.cfg.vocab_size
+  vocab_ids = data_lib.draft_vocabulary(train_data, v, config.draft.vocab_size,
+                                        always=(target.tokenizer.eos_id,))
+  cov = data_lib.coverage(eval_data, vocab_ids)
+  layers = tuple(int(i) % target.cfg.n_layers for i in config.draft.init_layers)
+  cfg, params = distilled.init_from_target(target.cfg, target.params, layers, vocab_ids,
+                                           config.draft.ffn_dim or None)
+  full_to_sub = np.full(v, len(vocab_ids), np.int32)
+  full_to_sub[vocab_ids] = np.arange(len(vocab_ids), dtype=np.int32)
+  frozen = {'embed': jnp.asarray(params.pop('embed')),
+            'vocab_ids': jnp.asarray(params.pop('vocab_ids')),
+            'full_to_sub': jnp.asarray(full_to_sub)}
+  params = jax.tree.map(jnp.asarray, params)
+  return Setup(target, train_data, eval_data, cfg, params, frozen, cov)
+
+
+def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict:
+  """Trains (or resumes) a draft per `config` in `workdir`; returns the final evaluation."""
+  workdir = pathlib.Path(workdir).absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  s = setup(config)
+  print(f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} tokens), '
+        f'{len(s.eval_data)} eval; draft vocabulary {config.draft.vocab_size} covers '
+        f'{s.vocab_coverage["argmax"]:.3f} of the target\'s argmax tokens on eval data', flush=True)
+  optimizer = make_optimizer(config)
+  state = {'step': jnp.zeros((), jnp.int32), 'params': s.init_params,
+           'opt_state': optimizer.init(s.init_params)}
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints, save_interval_steps=config.checkpoint_every,
+      enable_async_checkpointing=False)
+  manager = ocp.CheckpointManager(workdir / 'checkpoints', options=options)
+  start = manager.latest_step()
+  if start is not None:
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
+    print(f'resumed from step {start}', flush=True)
+  start = int(state['step'])
+  metrics_log = MetricsLog(workdir / 'metrics.jsonl', start)
+  train_step = make_train_step(s.cfg, optimizer, config.divergence, config.position_keep)
+  eval_step = make_eval_step(s.cfg)
+  key = jax.random.key(config.seed)
+  if start == 0 and config.eval_every:
+    metrics_log.write({'kind': 'eval', 'step': 0, **evaluate(
+        eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch)})
+  old_handler = signal.signal(signal.SIGTERM, _raise_stop)
+  bar = tqdm.tqdm(total=config.num_steps, initial=start, disable=not progress_bar,
+                  dynamic_ncols=True)
+  step, tokens_seen, t0 = start, 0, time.perf_counter()
+  try:
+    for step in range(start, config.num_steps):
+      idx = data_lib.batch_indices(len(s.train_data), config.batch_size, step, config.seed)
+      batch = as_batch(s.train_data.take(idx))
+      state, metrics = train_step(state, s.frozen, batch, jax.random.fold_in(key, step))
+      tokens_seen += batch['tokens'].size
+      done = step + 1
+      if done % config.log_every == 0 or done == config.num_steps:
+        metrics = {k: float(v) for k, v in metrics.items()}
+        rate = tokens_seen / (time.perf_counter() - t0)
+        metrics_log.write({'kind': 'train', 'step': done, 'tokens_per_s': rate, **metrics})
+        bar.set_postfix(loss=f'{metrics["loss"]:.4f}', tok_s=f'{rate:.0f}')
+      if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
+        ev = evaluate(eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch)
+        metrics_log.write({'kind': 'eval', 'step': done, **ev})
+        bar.write(f'step {done}: held-aside greedy match {ev["greedy"]:.3f}, '
+                  f'T=1 acceptance {ev["accept_t1"]:.3f}')
+        metrics_log.plot(workdir)
+      manager.save(done, args=ocp.args.StandardSave(state))
+      bar.update(1)
+  except (_Stop, KeyboardInterrupt):
+    print(f'stopping at step {int(state["step"])}: saving a checkpoint', flush=True)
+  finally:
+    signal.signal(signal.SIGTERM, old_handler)
+    bar.close()
+    final = int(state['step'])
+    if manager.latest_step() != final:
+      manager.save(final, args=ocp.args.StandardSave(state), force=True)
+    manager.wait_until_finished()
+    manager.close()
+  metrics_log.plot(workdir)
+  params = {**jax.tree.map(np.asarray, state['params']),
+            'vocab_ids': np.asarray(s.frozen['vocab_ids'])}
+  info = {'target': s.target.source, 'divergence': config.divergence, 'steps': final,
+          'init_layers': list(config.draft.init_layers), 'coverage': s.vocab_coverage}
+  distilled.save_draft(workdir / 'draft', s.cfg, params, info)
+  evals = [r for r in metrics_log.records if r['kind'] == 'eval']
+  return evals[-1] if evals else {}
