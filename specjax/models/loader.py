@@ -72,12 +72,16 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
   'ngram' or 'ngram:N' is prompt lookup with n-grams of up to N tokens (default 3);
   'truncated:K' is the target's first K layers sharing its embeddings (an untrained
   stand-in); 'layers:0-11,20-29' is the target itself running only those layers, with
-  its own cache (self-speculative layer skipping); 'consensus:N[,k=4,m=1,n=3]' drafts
+  its own cache (self-speculative layer skipping); 'distilled' is the draft distilled for
+  SmolLM2-135M-Instruct that ships with specjax, 'distilled:DIR' (or DIR itself) one saved
+  by `python -m specjax.train_draft` (see drafters/distilled.py); 'consensus:N[,k=4,m=1,n=3]' drafts
   each row from the other rows of its group of N (see drafters/consensus.py); any other
   spec is loaded like a model and must share the target's vocabulary.
   """
   from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
   from specjax.drafters.model import parse_layers
+  if spec == 'distilled' or spec.startswith('distilled:') or _is_distilled_dir(spec):
+    return _load_distilled(spec, target)
   if spec.startswith('layers:'):
     layers = parse_layers(spec.split(':', 1)[1], target.cfg.n_layers)
     label = f'target with {len(layers)} of {target.cfg.n_layers} layers ({spec[7:]})'
@@ -110,3 +114,24 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
     raise ValueError(f'draft {spec!r} tokenizes text differently from the target '
                      f'{target.source!r}: they must share one tokenizer')
   return ModelDrafter(draft.cfg, label=f'draft {spec}'), draft.params, f'draft model {spec}'
+
+
+DISTILLED_DRAFT = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'drafts',
+                               'smollm2-135m-instruct')
+
+
+def _is_distilled_dir(spec: str) -> bool:
+  return os.path.isfile(os.path.join(spec, 'draft.json'))
+
+
+def _load_distilled(spec: str, target: LoadedModel):
+  """A reduced-vocabulary distilled draft, sharing the target's input embeddings."""
+  from specjax.drafters.distilled import DistilledDrafter, load_draft_dir
+  path = DISTILLED_DRAFT if spec == 'distilled' else spec.removeprefix('distilled:')
+  if not _is_distilled_dir(path):
+    raise ValueError(f'draft {spec!r}: no distilled draft at {path} (train one with '
+                     f'python -m specjax.train_draft)')
+  cfg, params, _ = load_draft_dir(path, target.params['embed'],
+                                  np.asarray(target.params['embed']).dtype)
+  label = f'distilled draft ({cfg.n_layers} layers, {len(params["vocab_ids"])}-token head)'
+  return DistilledDrafter(cfg, label=label), params, label

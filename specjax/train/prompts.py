@@ -14,6 +14,7 @@ import importlib
 import inspect
 import itertools
 import random
+import warnings
 
 PROSE_TEMPLATES = (
   'Explain {} to a high-school student in a few paragraphs.',
@@ -97,7 +98,9 @@ def _stdlib_source(qualname: str) -> str | None:
   parts = qualname.split('.')
   for split in range(len(parts) - 1, 0, -1):
     try:
-      obj = importlib.import_module('.'.join(parts[:split]))
+      with warnings.catch_warnings():  # e.g. uu: deprecated, still there before Python 3.13
+        warnings.simplefilter('ignore', DeprecationWarning)
+        obj = importlib.import_module('.'.join(parts[:split]))
     except ImportError:
       continue
     try:

@@ -1,0 +1,136 @@
+"""Draft distillation end to end on the tiny config: a run that is SIGKILLed and restarted
+ends with exactly the parameters of an uninterrupted run; training data holds no
+evaluation prompt; the trained draft loads and decodes losslessly."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from specjax.data import prompts as eval_prompts
+from specjax.train import data as data_lib
+from specjax.train import prompts as train_prompts
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = f'{ROOT}/configs/distill_smollm2.py:tiny,steps=40'
+
+
+def _command(workdir):
+  return [sys.executable, '-m', 'specjax.train_draft', f'--config={CONFIG}',
+          f'--workdir={workdir}', '--noprogress']
+
+
+@pytest.fixture(scope='module')
+def env(tmp_path_factory):
+  cache = tmp_path_factory.mktemp('cache')
+  return {**os.environ, 'SPECJAX_CACHE': str(cache), 'JAX_PLATFORMS': 'cpu'}
+
+
+def _final_state(workdir):
+  with ocp.CheckpointManager(pathlib.Path(workdir) / 'checkpoints') as manager:
+    step = manager.latest_step()
+    return step, manager.restore(step, args=ocp.args.StandardRestore())
+
+
+def _steps(workdir):
+  folder = pathlib.Path(workdir) / 'checkpoints'
+  if not folder.exists():
+    return []
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, env):
+  workdir = tmp_path_factory.mktemp('straight')
+  subprocess.run(_command(workdir), env=env, check=True, capture_output=True, timeout=240)
+  return workdir
+
+
+def test_sigkill_and_resume_ends_with_the_same_parameters(uninterrupted, tmp_path, env):
+  proc = subprocess.Popen(_command(tmp_path), env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 200
+  while not any(s >= 8 for s in _steps(tmp_path)) and proc.poll() is None:
+    assert time.time() < deadline, 'no checkpoint appeared'
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL, 'the run finished before it could be killed'
+  killed_at = max(_steps(tmp_path))
+  assert 8 <= killed_at < 40
+  done = subprocess.run(_command(tmp_path), env=env, capture_output=True, text=True, timeout=240)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert f'resumed from step {killed_at}' in done.stdout
+  step_a, state_a = _final_state(uninterrupted)
+  step_b, state_b = _final_state(tmp_path)
+  assert step_a == step_b == 40
+  leaves_a, leaves_b = (jax_leaves(state_a), jax_leaves(state_b))
+  assert len(leaves_a) == len(leaves_b)
+  for a, b in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(a, b)
+  # Metrics of the resumed run have one record per logged step, none duplicated.
+  lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  records = [json.loads(line) for line in lines]
+  train_steps = [r['step'] for r in records if r['kind'] == 'train']
+  assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 40
+
+
+def jax_leaves(tree):
+  import jax
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_outputs_of_a_run(uninterrupted):
+  lines = (uninterrupted / 'metrics.jsonl').read_text().splitlines()
+  records = [json.loads(line) for line in lines]
+  evals = [r for r in records if r['kind'] == 'eval']
+  assert evals[0]['step'] == 0 and evals[-1]['step'] == 40
+  assert evals[-1]['greedy'] > evals[0]['greedy']  # distillation made the draft agree more
+  train = [r for r in records if r['kind'] == 'train']
+  assert train[-1]['loss'] < train[0]['loss'] and train[-1]['tokens_per_s'] > 0
+  for name in ('loss.png', 'acceptance.png', 'draft/draft.json', 'draft/draft.safetensors'):
+    assert (uninterrupted / name).is_file(), name
+
+
+def test_the_trained_draft_decodes_losslessly(uninterrupted):
+  from specjax.decode.engine import Engine
+  from specjax.models.loader import load_draft, load_model
+  target = load_model('tiny')
+  drafter, draft_params, label = load_draft(str(uninterrupted / 'draft'), target)
+  assert 'distilled' in label
+  engine = Engine(target.params, target.cfg, eos_id=-1, cache_size=128, drafter=drafter,
+                  draft_params=draft_params)
+  prompts = [target.tokenizer.encode_chat(p) for p in ('Hello there', 'def f(x):')]
+  reference = engine.generate(prompts, 24).tokens
+  for gamma in (1, 3):
+    out = engine.generate(prompts, 24, gamma=gamma, verifier='rejection')
+    assert out.tokens == reference
+
+
+def _normal(text):
+  return ' '.join(text.split())
+
+
+def test_no_evaluation_prompt_in_the_training_data(env, uninterrupted):
+  held_out = [_normal(p.text) for p in eval_prompts.load_prompts('humaneval')]
+  held_out += [_normal(p.text) for p in eval_prompts.load_prompts('mtbench')]
+  stubs = [_normal(p.text.split('```python')[-1].rstrip('`')) for p in
+           eval_prompts.load_prompts('humaneval')]
+  for prompt in train_prompts.instruction_prompts():
+    text = _normal(prompt)
+    assert not any(h in text or text in h for h in held_out), prompt
+    assert not any(s in text for s in stubs), prompt
+  # And the cached tiny training set, decoded back to text.
+  from specjax.testing import ByteTokenizer
+  folder = next((pathlib.Path(env['SPECJAX_CACHE']) / 'distill').iterdir())
+  data = data_lib.Dataset.load(folder / 'train.npz')
+  tok = ByteTokenizer()
+  texts = [_normal(tok.decode(row)) for row in data.tokens]
+  for h in held_out + stubs:
+    assert not any(h in t for t in texts)
