@@ -1,8 +1,9 @@
 """Self-consistency on SmolLM2-135M-Instruct: N sampled answers per math prompt, one batch.
 
   python -m specjax.self_consistency --config configs/self_consistency.py
-  python -m specjax.self_consistency --config configs/self_consistency.py:n=4,prompts=mtbench:reasoning
-  python -m specjax.self_consistency --config configs/self_consistency.py:tiny  # seconds, no download
+  python -m specjax.self_consistency \
+      --config configs/self_consistency.py:n=4,prompts=mtbench:reasoning
+  python -m specjax.self_consistency --config configs/self_consistency.py:tiny  # no download
 
 Arguments after the colon (comma separated): `tiny` swaps in a random 2-layer byte-level
 model and shrinks everything; `n=` paths per prompt; `prompts=` the prompt set.
@@ -33,6 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.k = 4
   c.max_mismatches = 1
   c.n_max = 3
+  c.proposal = 'mode'  # mode: the best-supported path, q one-hot; sample: drawn from the votes
   c.verifier = 'rejection'  # or block
   c.compare_plain = True  # also decode the same N paths autoregressively: the speedup
   c.compare_ngram = True  # and with each path's own prompt lookup alone

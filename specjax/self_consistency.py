@@ -110,7 +110,7 @@ def build_engines(c, model) -> dict[str, Engine]:
   """'consensus' (always), 'ngram' (if asked); gamma 0 runs on the consensus engine."""
   vocab = model.cfg.vocab_size
   drafter = ConsensusDrafter(vocab, group=c.n, k=c.k, max_mismatches=c.max_mismatches,
-                             n_max=c.n_max)
+                             n_max=c.n_max, proposal=c.proposal)
   eos = model.tokenizer.eos_id
   engines = {'consensus': Engine(model.params, model.cfg, eos_id=eos, cache_size=c.cache_size,
                                  drafter=drafter)}

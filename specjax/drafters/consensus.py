@@ -104,6 +104,42 @@ def heaviest_path(cand: jax.Array, valid: jax.Array, weight: jax.Array) -> tuple
   return jnp.stack(tokens, 1).astype(jnp.int32), jnp.stack(supported, 1)
 
 
+def sampled_path(cand: jax.Array, valid: jax.Array, weight: jax.Array, key: jax.Array,
+                 vocab: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A path through the trie drawn edge by edge in proportion to the paths' support.
+
+  At each depth the next token is drawn from the candidates that agree with the path so
+  far, with probability proportional to their weights; q at that depth is that vote
+  distribution over the vocabulary (one-hot on a filler token where no candidate is
+  left). When the vote resembles the target's distribution, the rejection verifier
+  accepts sum_x min(p(x), q(x)) per token instead of p(mode).
+
+  Returns:
+    (tokens[B, K], q[B, K, V], supported[B, K]).
+  """
+  b, c, k = cand.shape
+  rows = jnp.arange(b)[:, None]
+  alive = weight > 0
+  tokens, dists, supported = [], [], []
+  prev = jnp.zeros((b,), jnp.int32)
+  for t, key_t in enumerate(jax.random.split(key, k)):
+    live = alive & valid[:, :, t]
+    w = jnp.where(live, weight, 0.0)
+    has = jnp.any(live, axis=1)
+    pick = jax.random.categorical(key_t, jnp.log(jnp.where(live, w, 1e-30)), axis=1)
+    token = jnp.where(has, jnp.take_along_axis(cand[:, :, t], pick[:, None], 1)[:, 0], prev)
+    token = jnp.maximum(token, 0).astype(jnp.int32)
+    votes = jnp.zeros((b, vocab)).at[rows, jnp.maximum(cand[:, :, t], 0)].add(w)
+    q = jnp.where(has[:, None], votes / jnp.maximum(w.sum(1, keepdims=True), 1e-30),
+                  jax.nn.one_hot(token, vocab))
+    alive = live & (cand[:, :, t] == token[:, None])
+    tokens.append(token)
+    dists.append(q)
+    supported.append(has)
+    prev = token
+  return jnp.stack(tokens, 1), jnp.stack(dists, 1), jnp.stack(supported, 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class ConsensusDrafter(Drafter):
   """Drafts each row from the other rows of its group of `group` samples of one prompt.
@@ -115,6 +151,9 @@ class ConsensusDrafter(Drafter):
     max_mismatches: how many of those k may differ in a match.
     n_max: longest n-gram of the row's own-context lookup (down to 1); 0 disables it.
     self_weight: the vote of the row's own lookup (another path's is 1 / (1 + mismatches)).
+    proposal: 'mode' proposes the heaviest path (q one-hot); 'sample' draws the path in
+      proportion to the votes, q being the vote distribution (`sampled_path`); greedy
+      decoding always uses 'mode'.
   """
 
   vocab: int
@@ -123,6 +162,7 @@ class ConsensusDrafter(Drafter):
   max_mismatches: int = 1
   n_max: int = 3
   self_weight: float = 0.75
+  proposal: str = 'mode'
   skip_when_empty: bool = True
 
   def __post_init__(self):
@@ -133,10 +173,14 @@ class ConsensusDrafter(Drafter):
                        f'k={self.k}, max_mismatches={self.max_mismatches}')
     if self.n_max < 0:
       raise ValueError(f'consensus drafter needs n_max >= 0, got {self.n_max}')
+    if self.proposal not in ('mode', 'sample'):
+      raise ValueError(f"consensus drafter proposal must be 'mode' or 'sample', got "
+                       f'{self.proposal!r}')
 
   @property
   def name(self) -> str:
-    return f'consensus(N={self.group}, k={self.k}, m={self.max_mismatches}, n<={self.n_max})'
+    return (f'consensus(N={self.group}, k={self.k}, m={self.max_mismatches}, n<={self.n_max}'
+            + (', sampled)' if self.proposal == 'sample' else ')'))
 
   @property
   def vocab_size(self) -> int:
@@ -183,6 +227,9 @@ class ConsensusDrafter(Drafter):
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ctx, length = context(draft_state, state)
     cand, valid, weight = self.candidates(ctx, length, state.prompt_lens, gamma)
+    if self.proposal == 'sample' and not sampling.greedy:
+      tokens, q, supported = sampled_path(cand, valid, weight, key, self.vocab)
+      return tokens, q, draft_state.replace(found=supported[:, 0])
     tokens, supported = heaviest_path(cand, valid, weight)
     found = supported[:, 0]
     tokens = jnp.where(found[:, None], jnp.maximum(tokens, 0), 0).astype(jnp.int32)
@@ -199,8 +246,9 @@ class ConsensusDrafter(Drafter):
 def parse_spec(spec: str, vocab: int) -> ConsensusDrafter:
   """'consensus:8' or 'consensus:8,k=4,m=1,n=3,w=0.75' -> a ConsensusDrafter."""
   fields = {'k': ('k', int), 'm': ('max_mismatches', int), 'n': ('n_max', int),
-            'w': ('self_weight', float)}
-  usage = f'draft {spec!r}: expected consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>]'
+            'w': ('self_weight', float), 'q': ('proposal', str)}
+  usage = (f'draft {spec!r}: expected consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>,'
+           f'q=mode|sample]')
   head, *rest = spec.split(':', 1)[1].split(',')
   kwargs = {}
   try:
