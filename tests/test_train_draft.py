@@ -134,3 +134,23 @@ def test_no_evaluation_prompt_in_the_training_data(env, uninterrupted):
   texts = [_normal(tok.decode(row)) for row in data.tokens]
   for h in held_out + stubs:
     assert not any(h in t for t in texts)
+
+
+def test_hugging_face_export_makes_the_same_greedy_choices(uninterrupted, tmp_path):
+  import jax.numpy as jnp
+
+  from specjax.checkpoints import hf
+  from specjax.drafters import distilled
+  from specjax.models import llama
+  from specjax.models.kv_cache import KVCache
+  from specjax.models.loader import load_model
+  target = load_model('tiny')
+  cfg, params, _ = distilled.load_draft_dir(uninterrupted / 'draft', target.params['embed'])
+  distilled.export_hf(tmp_path / 'hf', cfg, params, None)
+  hf_cfg, hf_params = hf.load_hf(tmp_path / 'hf')
+  tokens = jnp.asarray(np.random.default_rng(0).integers(3, 200, (2, 12)), jnp.int32)
+  sub, _ = distilled.subset_logits(params, tokens, KVCache.init(cfg, 2, 12), cfg)
+  full, _ = llama.forward(hf_params, tokens, KVCache.init(hf_cfg, 2, 12), hf_cfg)
+  ids = np.asarray(params['vocab_ids'])
+  np.testing.assert_allclose(np.asarray(full)[..., ids], np.asarray(sub), rtol=1e-2, atol=1e-2)
+  np.testing.assert_array_equal(ids[np.asarray(sub).argmax(-1)], np.asarray(full).argmax(-1))

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
 import cost as cost_lib  # noqa: E402
 
 from specjax.checkpoints import hf  # noqa: E402

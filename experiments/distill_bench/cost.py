@@ -15,15 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters import distilled
-from specjax.models import llama, loader
-from specjax.models.kv_cache import KVCache
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
+from specjax.drafters import distilled  # noqa: E402
+from specjax.models import llama, loader  # noqa: E402
+from specjax.models.kv_cache import KVCache  # noqa: E402
 
 
 def step_ms(fn_logits, params, cfg, slots=512, inner=16, repeats=9):

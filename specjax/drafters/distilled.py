@@ -172,3 +172,12 @@ def full_vocab_model(cfg: llama.LlamaConfig, params):
                     for layer in params['layers']],
          'final_norm': np.asarray(params['final_norm'], np.float32), 'lm_head': head}
   return out_cfg, out
+
+
+def export_hf(directory: str | os.PathLike, cfg: llama.LlamaConfig, params,
+              tokenizer: Any = None) -> pathlib.Path:
+  """Writes the draft as a Hugging Face LlamaForCausalLM directory (see full_vocab_model),
+  usable as transformers' `assistant_model` for the same target."""
+  from specjax.checkpoints import hf
+  out_cfg, out_params = full_vocab_model(cfg, params)
+  return hf.export_hf(directory, out_cfg, out_params, tokenizer)
