@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.control.adaptive import AdaptiveConfig
 from specjax.decode import loop
 from specjax.decode.loop import Method
 from specjax.decode.sampling import SamplingConfig
@@ -34,8 +35,9 @@ class GenerationOutput:
   steps: int  # loop iterations: target forward passes after the prefill
   accepted: list[list[int]] = dataclasses.field(default_factory=list)  # per row, per iteration
   drafted: list[list[int]] = dataclasses.field(default_factory=list)  # gamma, or 0 if skipped
-  gamma: int = 0
+  gamma: int = 0  # the largest draft length (adaptive methods choose per iteration)
   compile_seconds: float = 0.0  # first call for this shape (compile + a 1-token warm-up run)
+  switches: int = 0  # adaptive control: changes of draft length during this batch
 
   @property
   def num_generated(self) -> int:
@@ -120,6 +122,11 @@ class Engine:
     self._decode = jax.jit(loop.decode, static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
                            donate_argnames=('state',))
     self._warm: set = set()
+    self._control: dict = {}  # adaptive method -> controller state after its last batch
+
+  def reset_control(self) -> None:
+    """Forgets what adaptive control learned: the next batch starts from the prior."""
+    self._control.clear()
 
   def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]):
     """Validates and pads a batch.
@@ -159,8 +166,14 @@ class Engine:
     return jax.device_put(x, sharding_lib.batch_sharding(self.mesh, x.shape))
 
   def method(self, gamma: int = 0, verifier: str = 'rejection',
-             sampling: SamplingConfig = SamplingConfig()) -> Method:
-    """Validates a (gamma, verifier) choice against this engine and the sampling."""
+             sampling: SamplingConfig = SamplingConfig(),
+             adaptive: AdaptiveConfig | None = None) -> Method:
+    """Validates a (gamma, verifier) choice against this engine and the sampling.
+
+    With `adaptive`, gamma is ignored: the method drafts up to max(adaptive.gammas).
+    """
+    if adaptive is not None:
+      gamma = max(adaptive.gammas)
     if gamma and self.drafter is None:
       raise ValueError(f'gamma={gamma} needs a drafter, and this engine has none')
     if isinstance(gamma, int) and gamma + 1 >= self.cache_size:
@@ -169,22 +182,29 @@ class Engine:
     if verifier == 'greedy' and not sampling.greedy:
       raise ValueError(f'the greedy verifier is only lossless for greedy decoding, not at '
                        f'temperature {sampling.temperature}: use rejection or block')
-    return Method(gamma=gamma, verifier=verifier, drafter=self.drafter if gamma else None)
+    drafter = self.drafter if gamma else None
+    if adaptive is not None:
+      drafter = drafter.resyncing(adaptive.probe_every)
+    return Method(gamma=gamma, verifier=verifier, drafter=drafter, adaptive=adaptive)
 
   def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int] = 64,
                sampling: SamplingConfig = SamplingConfig(), seed: int = 0, gamma: int = 0,
-               verifier: str = 'rejection') -> GenerationOutput:
+               verifier: str = 'rejection',
+               adaptive: AdaptiveConfig | None = None) -> GenerationOutput:
     """Generates for a batch of token-id prompts (different lengths allowed).
 
     gamma 0 is autoregressive decoding; gamma >= 1 drafts that many tokens per target
     call with the engine's drafter and checks them with `verifier` (rejection, block,
-    or greedy for greedy decoding).
+    or greedy for greedy decoding). `adaptive` instead lets a controller choose the draft
+    length every iteration among 0 and adaptive.gammas; its state carries over from one
+    call to the next with the same settings, so it keeps learning across a workload
+    (`reset_control` forgets it).
 
     The first batch of a new shape (batch size, prompt bucket, output buffer, sampling)
     is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
     out of the prefill and decode timings.
     """
-    method = self.method(gamma, verifier, sampling)
+    method = self.method(gamma, verifier, sampling, adaptive)
     tokens, lengths, max_new, out_len, slots = self.prepare(prompts, max_new_tokens)
     shape_key = (tokens.shape, out_len, slots, sampling, method)
     compile_seconds = 0.0
@@ -201,9 +221,11 @@ class Engine:
            method) -> GenerationOutput:
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
+    control = self._control.get((method, sampling))  # host copies: decode donates its state
     state = self._prefill(params, self._put(tokens), self._put(lengths), self._put(max_new),
-                          jax.random.key(seed), cfg=self.cfg, method=method, sampling=sampling,
-                          eos_id=self.eos_id, cache_size=slots, out_len=out_len)
+                          jax.random.key(seed), control, cfg=self.cfg, method=method,
+                          sampling=sampling, eos_id=self.eos_id, cache_size=slots,
+                          out_len=out_len)
     jax.block_until_ready(state)
     mid = time.perf_counter()
     state = self._decode(params, state, cfg=self.cfg, method=method, sampling=sampling,
@@ -212,8 +234,15 @@ class Engine:
         (state.tokens, state.num_generated, state.step, state.extra['accepted'],
          state.extra['drafted']))
     end = time.perf_counter()
+    switches = 0
+    if method.adaptive is not None:
+      final = jax.device_get(state.extra['control'])
+      switches = int(final.switches) - (0 if control is None else int(control.switches))
+      if max_new.max() > 1:  # not the warm-up run
+        self._control[(method, sampling)] = final
     return GenerationOutput(
         tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],
         prompt_lens=lengths.tolist(), prefill_seconds=mid - start, decode_seconds=end - mid,
         steps=int(steps), accepted=[row[row >= 0].tolist() for row in accepted],
-        drafted=[row[row >= 0].tolist() for row in drafted], gamma=method.gamma)
+        drafted=[row[row >= 0].tolist() for row in drafted], gamma=method.gamma,
+        switches=switches)

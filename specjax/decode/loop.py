@@ -16,11 +16,13 @@ are never emitted (no slots need to be reserved for verification).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from specjax import verify
+from specjax.control import adaptive as adaptive_lib
 from specjax.decode import autoregressive
 from specjax.decode import sampling as sampling_lib
 from specjax.decode.state import DecodeState, commit
@@ -30,30 +32,45 @@ from specjax.models import llama
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """Static description of a decoding method: gamma 0 is autoregressive decoding."""
+  """Static description of a decoding method: gamma 0 is autoregressive decoding.
+
+  With `adaptive` set, every iteration picks its draft length from 0 (a plain step) and
+  adaptive.gammas (see specjax/control/adaptive.py); `gamma` is then the largest of them.
+  """
 
   gamma: int = 0
   verifier: str = 'rejection'
   drafter: Drafter | None = None
+  adaptive: adaptive_lib.AdaptiveConfig | None = None
 
   def __post_init__(self):
     if not isinstance(self.gamma, int) or self.gamma < 0:
       raise ValueError(f'gamma must be an integer >= 0 (0 = autoregressive), got {self.gamma!r}')
     if self.gamma > 0 and self.drafter is None:
       raise ValueError(f'gamma={self.gamma} needs a drafter')
+    if self.adaptive is not None and self.gamma != max(self.adaptive.gammas):
+      raise ValueError(f'an adaptive method has gamma = max(adaptive.gammas) = '
+                       f'{max(self.adaptive.gammas)}, got {self.gamma}')
     verify.get(self.verifier)
 
   @property
   def name(self) -> str:
     if self.gamma == 0:
       return 'autoregressive'
+    if self.adaptive is not None:
+      return f'{self.drafter.describe()} adaptive gamma in {self.adaptive.choices} {self.verifier}'
     return f'{self.drafter.describe()} gamma={self.gamma} {self.verifier}'
 
 
-def prefill(params, prompt_tokens, prompt_lens, max_new, key, *, cfg: llama.LlamaConfig,
-            method: Method, sampling: sampling_lib.SamplingConfig, eos_id: int, cache_size: int,
-            out_len: int, pad_id: int = 0, constrain_cache=None) -> DecodeState:
-  """Target prefill and first token, the drafter's own prefill, empty statistics."""
+def prefill(params, prompt_tokens, prompt_lens, max_new, key, control=None, *,
+            cfg: llama.LlamaConfig, method: Method, sampling: sampling_lib.SamplingConfig,
+            eos_id: int, cache_size: int, out_len: int, pad_id: int = 0,
+            constrain_cache=None) -> DecodeState:
+  """Target prefill and first token, the drafter's own prefill, empty statistics.
+
+  `control` is the adaptive controller's starting state (e.g. where the previous batch
+  left it); None starts from its prior.
+  """
   state = autoregressive.prefill(
       params['target'], prompt_tokens, prompt_lens, max_new, key, cfg=cfg, sampling=sampling,
       eos_id=eos_id, cache_size=cache_size, out_len=out_len, pad_id=pad_id,
@@ -63,13 +80,20 @@ def prefill(params, prompt_tokens, prompt_lens, max_new, key, *, cfg: llama.Llam
     draft_state = method.drafter.init(params['draft'], prompt_tokens, prompt_lens, cache_size,
                                       constrain_cache)
   history = jnp.full((prompt_tokens.shape[0], out_len), -1, jnp.int32)  # per row, iteration
-  return state.replace(extra={'draft': draft_state, 'accepted': history, 'drafted': history})
+  extra = {'draft': draft_state, 'accepted': history, 'drafted': history}
+  if method.adaptive is not None:
+    extra['control'] = adaptive_lib.init(method.adaptive) if control is None else control
+  return state.replace(extra=extra)
 
 
-def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
-         sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
-  """One iteration for every row (done rows compute but do not change)."""
-  key, k_draft, k_verify = jax.random.split(state.key, 3)
+def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, method: Method,
+               sampling):
+  """One draft-and-verify round with `gamma` draft tokens (0: a plain step).
+
+  Returns (new tokens [B, width + 1] of which accepted + 1 count, accepted [B],
+  drafted [B], target cache, draft state).
+  """
+  k_draft, k_verify = jax.random.split(key)
   last = state.last_tokens[:, None]  # [B, 1]
   draft_state = state.extra['draft']
   target = params['target']
@@ -78,39 +102,59 @@ def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
     logits, cache = llama.forward(target, last, state.cache, cfg)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(state.num_generated)
-    return jnp.pad(token, ((0, 0), (0, method.gamma))), zeros, zeros, cache
+    return jnp.pad(token, ((0, 0), (0, width))), zeros, zeros, cache
 
-  if method.gamma == 0:
-    new_tokens, accepted, drafted, cache = plain(None)
+  if gamma == 0:
+    return (*plain(None), draft_state)
+  draft, q, draft_state = method.drafter.propose(params['draft'], draft_state, state, k_draft,
+                                                 gamma, sampling)
+
+  def speculative(_):
+    inputs = jnp.concatenate([last, draft], 1)
+    logits, cache = llama.forward(target, inputs, state.cache, cfg)  # [B, K+1, V]
+    p = sampling_lib.probabilities(logits, sampling)
+    accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
+    offsets = jnp.arange(gamma + 1)
+    new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
+                           nxt[:, None])
+    new_tokens = jnp.pad(new_tokens, ((0, 0), (0, width - gamma)))
+    return new_tokens, accepted, jnp.full_like(accepted, gamma), cache
+
+  if getattr(method.drafter, 'skip_when_empty', False):
+    # Nothing proposed anywhere in the batch: a plain step costs less than verification.
+    out = jax.lax.cond(method.drafter.has_proposals(draft_state), speculative, plain, None)
   else:
-    draft, q, draft_state = method.drafter.propose(params['draft'], draft_state, state, k_draft,
-                                                   method.gamma, sampling)
+    out = speculative(None)
+  return (*out, draft_state)
 
-    def speculative(_):
-      inputs = jnp.concatenate([last, draft], 1)
-      logits, cache = llama.forward(target, inputs, state.cache, cfg)  # [B, K+1, V]
-      p = sampling_lib.probabilities(logits, sampling)
-      accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
-      offsets = jnp.arange(method.gamma + 1)
-      new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
-                             nxt[:, None])
-      return new_tokens, accepted, jnp.full_like(accepted, method.gamma), cache
 
-    if getattr(method.drafter, 'skip_when_empty', False):
-      # Nothing proposed anywhere in the batch: a plain step costs less than verification.
-      new_tokens, accepted, drafted, cache = jax.lax.cond(
-          method.drafter.has_proposals(draft_state), speculative, plain, None)
-    else:
-      new_tokens, accepted, drafted, cache = speculative(None)
+def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
+         sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
+  """One iteration for every row (done rows compute but do not change)."""
+  key, sub = jax.random.split(state.key)
+  run = functools.partial(_iteration, params, state, width=method.gamma, key=sub, cfg=cfg,
+                          method=method, sampling=sampling)
+  extra = dict(state.extra)
+  if method.adaptive is None:
+    new_tokens, accepted, drafted, cache, draft_state = run(method.gamma)
+  else:
+    ctrl = extra['control']
+    ran = adaptive_lib.choose(method.adaptive, ctrl)
+    branches = [functools.partial(lambda g, _: run(g), g) for g in method.adaptive.choices]
+    new_tokens, accepted, drafted, cache, draft_state = jax.lax.switch(ran, branches, None)
+    active = ~state.done
+    extra['control'] = adaptive_lib.update(method.adaptive, ctrl, ran,
+                                           jnp.where(active, accepted, 0),
+                                           jnp.where(active, drafted, 0))
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
-  accepted_history = record(state.extra['accepted'], accepted)
-  drafted_history = record(state.extra['drafted'], drafted)
+  extra['accepted'] = record(extra['accepted'], accepted)
+  extra['drafted'] = record(extra['drafted'], drafted)
   state = state.replace(cache=cache, key=key, step=state.step + 1)
   state = commit(state, new_tokens, accepted + 1, eos_id)
   if method.gamma:
     draft_state = method.drafter.rollback(draft_state, state)
-  return state.replace(extra={'draft': draft_state, 'accepted': accepted_history,
-                              'drafted': drafted_history})
+  extra['draft'] = draft_state
+  return state.replace(extra=extra)
 
 
 def decode(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,

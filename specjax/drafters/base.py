@@ -49,5 +49,15 @@ class Drafter(abc.ABC):
   def rollback(self, draft_state, state: DecodeState) -> Any:
     """Brings the draft state in line with the committed tokens of `state`."""
 
+  def resyncing(self, window: int) -> Drafter:
+    """This drafter, able to resume after up to `window` plain steps that skipped it.
+
+    Adaptive control runs plain target steps without the drafter. Drafters whose state
+    is derived from the emitted tokens (prompt lookup) need nothing; those with a cache
+    of their own (draft models) return a variant that catches up.
+    """
+    del window
+    return self
+
   def describe(self) -> str:
     return self.name

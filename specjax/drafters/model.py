@@ -5,6 +5,12 @@ proposal first feeds those two tokens (re-writing the older one's slot, which al
 holds the same values), then one drafted token per step. After the verifier keeps k
 draft tokens, the cache is valid up to exactly that point, so a rollback is only
 setting lengths = prompt + emitted - 2, whatever k was (all gamma kept included).
+
+Under adaptive control some iterations are plain target steps that skip the draft, so
+the draft cache falls behind. A drafter made with `resync=W` then first feeds the
+missing tokens (up to W of them, in one (W + 2)-token chunk, only on iterations where a
+row lags), so drafting resumes from a complete cache. The cache length always records
+how far the cache is actually filled, so the lag is known without extra state.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class ModelDrafter(Drafter):
   cfg: llama.LlamaConfig
   label: str = 'draft model'
   layers: tuple[int, ...] | None = None
+  resync: int = 0  # the most skipped tokens a proposal catches up on (0: never behind)
 
   def __post_init__(self):
     if self.layers is not None and (
@@ -71,11 +78,37 @@ class ModelDrafter(Drafter):
     last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     return ModelDraftState(cache=cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
 
-  def propose(self, params, draft_state, state, key, gamma, sampling):
-    cache = draft_state.cache
-    logits, cache = llama.forward(params, last_two_tokens(draft_state, state), cache, self.cfg,
+  def resyncing(self, window: int) -> ModelDrafter:
+    return dataclasses.replace(self, resync=window)
+
+  def _catch_up(self, params, draft_state, state):
+    """Feeds the (W + 2) tokens from the filled length on; returns (last logits, cache)."""
+    w = self.resync + 2
+    pos = state.prompt_lens + state.num_generated  # context length
+    start = jnp.maximum(draft_state.cache.lengths, pos - w)  # lag > W leaves a hole (lossless)
+    absolute = start[:, None] + jnp.arange(w)
+    emitted = jnp.take_along_axis(
+        state.tokens, jnp.clip(absolute - state.prompt_lens[:, None], 0,
+                               state.tokens.shape[1] - 1), axis=1)
+    chunk = jnp.where(absolute == state.prompt_lens[:, None] - 1,
+                      draft_state.last_prompt_token[:, None], emitted)
+    logits, cache = llama.forward(params, chunk, draft_state.cache.with_lengths(start), self.cfg,
                                   self.layers)
-    logits = logits[:, -1]
+    logits = jnp.take_along_axis(logits, (pos - 1 - start)[:, None, None], axis=1)[:, 0]
+    return logits, cache.with_lengths(pos)
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    def in_step(_):
+      logits, cache = llama.forward(params, last_two_tokens(draft_state, state),
+                                    draft_state.cache, self.cfg, self.layers)
+      return logits[:, -1], cache
+
+    if self.resync:
+      behind = jnp.any(draft_state.cache.lengths < state.prompt_lens + state.num_generated - 2)
+      logits, cache = jax.lax.cond(behind, lambda _: self._catch_up(params, draft_state, state),
+                                   in_step, None)
+    else:
+      logits, cache = in_step(None)
     tokens, dists = [], []
     for i, k in enumerate(jax.random.split(key, gamma)):
       dists.append(sampling_lib.probabilities(logits, sampling))
@@ -87,7 +120,8 @@ class ModelDrafter(Drafter):
             draft_state.replace(cache=cache))
 
   def rollback(self, draft_state, state):
-    lengths = state.prompt_lens + state.num_generated - 2
+    # After a proposal the cache is filled past this point; after a skipped one it may lag.
+    lengths = jnp.minimum(draft_state.cache.lengths, state.prompt_lens + state.num_generated - 2)
     return draft_state.replace(cache=draft_state.cache.with_lengths(lengths))
 
 

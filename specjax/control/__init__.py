@@ -1,0 +1,1 @@
+"""When speculation pays: the cost model, cost measurement, and the adaptive controller."""

@@ -1,0 +1,175 @@
+"""Adaptive draft length: pick gamma every iteration, 0 (plain decoding) included.
+
+The controller keeps exponentially decayed counts of draft-token successes and
+failures. An iteration that drafted gamma tokens and kept k of them is k successes and,
+if k < gamma, one failure: under the cost model's geometric acceptance that makes
+successes / (successes + failures) the maximum-likelihood acceptance rate alpha. With a
+Beta prior (mean `prior_alpha`, weight `prior_weight` pseudo-observations) the estimate
+is the posterior mean. Each iteration the controller predicts the speedup of every
+compiled gamma from that alpha and the measured costs (`specjax/control/cost_model.py`)
+and moves to the best one only when it beats the current choice by a factor
+1 + `hysteresis`: speculation turns off when the best draft length no longer pays by
+that margin, and back on only when one pays by it, so estimates hovering near
+break-even do not flap.
+
+While off, nothing is learned, so every `probe_every` plain steps the controller runs
+one speculative iteration at the best draft length (a probe); probes are how it notices
+that drafts pay again. Everything is jnp code inside the jitted loop: no host decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveConfig:
+  """Static controller settings (a jit static argument, so it must stay hashable).
+
+  gammas: the speculative draft lengths compiled into the loop; 0 is always added.
+  draft_cost, verify_cost: per gamma, in units of one plain target step (measured with
+    `specjax.control.costs.measure`); the defaults describe a free draft.
+  """
+
+  gammas: tuple[int, ...] = (1, 2, 4)
+  draft_cost: tuple[float, ...] | None = None
+  verify_cost: tuple[float, ...] | None = None
+  decay: float = 0.9  # weight of older evidence per observed iteration
+  prior_alpha: float = 0.5
+  prior_weight: float = 0.5
+  hysteresis: float = 0.1
+  probe_every: int = 16
+  probe_largest: bool = True  # probe with the largest gamma (most evidence) or the smallest
+  start_on: bool = True  # start at the best predicted gamma under the prior (else off)
+
+  def __post_init__(self):
+    gammas = tuple(self.gammas)
+    if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas) or (
+        list(gammas) != sorted(set(gammas))):
+      raise ValueError(f'adaptive gammas must be increasing integers >= 1, got {self.gammas}')
+    object.__setattr__(self, 'gammas', gammas)
+    for name in ('draft_cost', 'verify_cost'):
+      value = getattr(self, name)
+      if value is None:
+        value = tuple(0.0 for _ in gammas) if name == 'draft_cost' else tuple(1.0 for _ in gammas)
+      value = tuple(float(v) for v in value)
+      if len(value) != len(gammas) or any(v < 0 for v in value):
+        raise ValueError(f'adaptive {name} needs one non-negative cost per gamma {gammas}, '
+                         f'got {getattr(self, name)}')
+      object.__setattr__(self, name, value)
+    if not 0 < self.decay <= 1:
+      raise ValueError(f'adaptive decay must lie in (0, 1], got {self.decay}')
+    if not 0 <= self.prior_alpha <= 1 or self.prior_weight <= 0:
+      raise ValueError('adaptive prior needs 0 <= prior_alpha <= 1 and prior_weight > 0')
+    if self.hysteresis < 0 or self.probe_every < 1:
+      raise ValueError('adaptive hysteresis must be >= 0 and probe_every >= 1')
+
+  @classmethod
+  def from_costs(cls, costs, gammas=None, **kwargs) -> AdaptiveConfig:
+    """Settings with the measured `costs` (a specjax.control.costs.Costs)."""
+    gammas = tuple(gammas or sorted(costs.draft_ms))
+    units = [costs.units(g) for g in gammas]
+    return cls(gammas=gammas, draft_cost=tuple(round(d, 4) for d, _ in units),
+               verify_cost=tuple(round(v, 4) for _, v in units), **kwargs)
+
+  @property
+  def choices(self) -> tuple[int, ...]:
+    """Branch index -> gamma."""
+    return (0, *self.gammas)
+
+
+@struct.dataclass
+class ControlState:
+  successes: jax.Array  # [] float32, decayed
+  failures: jax.Array  # [] float32, decayed
+  choice: jax.Array  # [] int32 index into config.choices: the current setting
+  since_probe: jax.Array  # [] int32 plain steps since the last speculative iteration
+  switches: jax.Array  # [] int32 changes of setting so far
+  toggles: jax.Array  # [] int32 of which between off (gamma 0) and on
+
+
+def alpha(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
+  """Posterior mean acceptance rate."""
+  a = ctrl.successes + config.prior_alpha * config.prior_weight
+  return a / (ctrl.successes + ctrl.failures + config.prior_weight)
+
+
+def predicted(config: AdaptiveConfig, a: jax.Array) -> jax.Array:
+  """Predicted speedup per choice (choice 0, plain decoding, is 1)."""
+  g = jnp.asarray(config.gammas, jnp.float32)
+  a = jnp.clip(a, 0.0, 1.0 - 1e-6)
+  tokens = (1 - a ** (g + 1)) / (1 - a)
+  cost = jnp.asarray(config.draft_cost) + jnp.asarray(config.verify_cost)
+  return jnp.concatenate([jnp.ones((1,)), tokens / cost])
+
+
+def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Array:
+  """The hysteresis rule: move to the best choice only if it beats the current by the margin."""
+  pred = predicted(config, a)
+  best = jnp.argmax(pred).astype(jnp.int32)
+  better = pred[best] > pred[choice] * (1 + config.hysteresis)
+  return jnp.where(better, best, choice)
+
+
+def init(config: AdaptiveConfig) -> ControlState:
+  zero = jnp.zeros((), jnp.float32)
+  ctrl = ControlState(successes=zero, failures=zero, choice=jnp.zeros((), jnp.int32),
+                      since_probe=jnp.zeros((), jnp.int32), switches=jnp.zeros((), jnp.int32),
+                      toggles=jnp.zeros((), jnp.int32))
+  if config.start_on:
+    best = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
+    ctrl = ctrl.replace(choice=best)
+  return ctrl
+
+
+def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
+  """The branch to run this iteration: the current choice, or a probe when off for long."""
+  probe = jnp.int32(len(config.gammas) if config.probe_largest else 1)
+  due = (ctrl.choice == 0) & (ctrl.since_probe >= config.probe_every)
+  return jnp.where(due, probe, ctrl.choice)
+
+
+def update(config: AdaptiveConfig, ctrl: ControlState, ran: jax.Array, accepted: jax.Array,
+           drafted: jax.Array) -> ControlState:
+  """Folds in one iteration (per-row accepted/drafted; drafted 0 = no draft) and re-decides."""
+  tried = drafted > 0
+  observed = jnp.any(tried)
+  s = jnp.sum(jnp.where(tried, accepted, 0)).astype(jnp.float32)
+  f = jnp.sum(tried & (accepted < drafted)).astype(jnp.float32)
+  decay = jnp.where(observed, config.decay, 1.0)
+  successes = decay * ctrl.successes + s
+  failures = decay * ctrl.failures + f
+  ctrl = ctrl.replace(successes=successes, failures=failures,
+                      since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0))
+  new = _decide(config, ctrl.choice, alpha(config, ctrl))
+  return ctrl.replace(choice=new, switches=ctrl.switches + (new != ctrl.choice),
+                      toggles=ctrl.toggles + ((new == 0) != (ctrl.choice == 0)))
+
+
+def simulate(config: AdaptiveConfig, accept_prob, key: jax.Array, batch: int = 1):
+  """Runs the controller on synthetic acceptance: accept_prob[t] is iteration t's alpha.
+
+  Each draft token is accepted with that probability until the first rejection.
+  Returns the gamma run at each iteration ([T] int32) and the final state; used by the
+  tests and to tune the settings without a model.
+  """
+  choices = jnp.asarray(config.choices)
+
+  def body(ctrl, inputs):
+    p, k = inputs
+    ran = choose(config, ctrl)
+    gamma = choices[ran]
+    draws = jax.random.uniform(k, (batch, max(config.gammas)))
+    ok = (draws < p) & (jnp.arange(max(config.gammas)) < gamma)
+    accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1)
+    drafted = jnp.full((batch,), gamma)
+    return update(config, ctrl, ran, accepted, drafted), gamma
+
+  accept_prob = jnp.asarray(accept_prob, jnp.float32)
+  keys = jax.random.split(key, accept_prob.shape[0])
+  ctrl, gammas = jax.lax.scan(body, init(config), (accept_prob, keys))
+  return gammas, ctrl

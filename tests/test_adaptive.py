@@ -1,0 +1,176 @@
+"""Adaptive draft length: the controller on synthetic acceptance, and the adaptive loop
+(greedy identity, a draft cache that catches up after plain steps, lossless sampling)."""
+
+import jax
+import numpy as np
+import pytest
+
+from specjax import testing
+from specjax.control import adaptive
+from specjax.decode.engine import Engine
+from specjax.decode.sampling import SamplingConfig
+from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
+
+# Costs of a cheapish draft in target-step units (c ~ 0.1, verify grows with gamma).
+COSTS = dict(gammas=(1, 2, 4), draft_cost=(0.1, 0.2, 0.4), verify_cost=(1.05, 1.1, 1.2))
+
+
+def run(config, segments, seed=0, batch=1):
+  probs = np.concatenate([np.full(n, p) for p, n in segments])
+  gammas, ctrl = adaptive.simulate(config, probs, jax.random.key(seed), batch)
+  return np.asarray(gammas), ctrl
+
+
+def test_turns_off_when_acceptance_collapses_and_back_on_when_it_recovers():
+  config = adaptive.AdaptiveConfig(**COSTS)
+  for seed in range(3):
+    gammas, _ = run(config, [(0.8, 300), (0.02, 300), (0.8, 300)], seed)
+    good, bad, again = gammas[:300], gammas[300:600], gammas[600:]
+    assert np.mean(good[50:] == 4) > 0.9  # alpha 0.8 pays best at the largest gamma
+    assert np.mean(bad[100:] == 0) > 0.9  # off, apart from probes
+    assert np.mean(bad[100:] > 0) <= 1 / config.probe_every + 0.02
+    assert np.mean(again[100:] > 0) > 0.95  # probes noticed the recovery
+
+
+def test_no_flapping():
+  config = adaptive.AdaptiveConfig(**COSTS)
+  for alpha in (0.0, 0.1, 0.15, 0.3, 0.6, 0.9):  # break-even for gamma=1 is alpha ~ 0.2
+    _, ctrl = run(config, [(alpha, 2000)], seed=1)
+    assert int(ctrl.toggles) <= 6, (alpha, int(ctrl.toggles))  # on <-> off
+    assert int(ctrl.switches) <= 40, (alpha, int(ctrl.switches))  # any change of gamma
+
+
+def test_without_hysteresis_the_same_sequence_flaps_more():
+  # The no-flapping test has power: hysteresis is what keeps the switches down.
+  loose = adaptive.AdaptiveConfig(**COSTS, hysteresis=0.0, decay=0.7)
+  tight = adaptive.AdaptiveConfig(**COSTS)
+  _, ctrl_loose = run(loose, [(0.2, 2000)], seed=2)
+  _, ctrl_tight = run(tight, [(0.2, 2000)], seed=2)
+  assert int(ctrl_loose.toggles) > 5 * max(int(ctrl_tight.toggles), 1)
+
+
+def test_a_draft_that_never_pays_stays_off():
+  config = adaptive.AdaptiveConfig(gammas=(1, 2), draft_cost=(1.0, 2.0), verify_cost=(1.2, 1.4))
+  gammas, _ = run(config, [(0.9, 500)])
+  assert np.mean(gammas[50:] == 0) > 0.9  # even alpha 0.9 cannot pay for a draft this slow
+
+
+def test_bad_settings_are_named():
+  with pytest.raises(ValueError, match='increasing integers >= 1'):
+    adaptive.AdaptiveConfig(gammas=(2, 1))
+  with pytest.raises(ValueError, match='draft_cost needs one non-negative cost per gamma'):
+    adaptive.AdaptiveConfig(gammas=(1, 2), draft_cost=(0.1,))
+  with pytest.raises(ValueError, match='decay'):
+    adaptive.AdaptiveConfig(decay=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The adaptive loop.
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], [7], [2, 7, 1, 8, 2, 8, 1]]
+# Settings that switch often: a pessimistic start, frequent probes, no hysteresis.
+JUMPY = adaptive.AdaptiveConfig(gammas=(1, 3, 5), draft_cost=(0.3, 0.9, 1.5),
+                                verify_cost=(1.0, 1.0, 1.0), prior_alpha=0.0, hysteresis=0.0,
+                                probe_every=3, start_on=False, decay=0.5)
+
+
+@pytest.fixture(scope='module')
+def target():
+  return testing.tiny_model(seed=3, n_layers=3)
+
+
+def engine_with(target, drafter, draft_params, cache=128):
+  cfg, params = target
+  return Engine(params, cfg, eos_id=-1, cache_size=cache, drafter=drafter,
+                draft_params=draft_params)
+
+
+def drafts(target):
+  cfg, params = target
+  small_cfg, small = testing.tiny_model(seed=11, n_layers=1, d_model=16, n_heads=2, n_kv_heads=1)
+  trunc_cfg, trunc = truncated_target(cfg, params, 1)
+  return {'random tiny model': (ModelDrafter(small_cfg), small),
+          'truncated target': (ModelDrafter(trunc_cfg), trunc),
+          'skip layers': (ModelDrafter(cfg, layers=(0, 2)), params),
+          'prompt lookup': (NgramDrafter(cfg.vocab_size), None)}
+
+
+@pytest.mark.parametrize('name', ['random tiny model', 'truncated target', 'skip layers',
+                                  'prompt lookup'])
+def test_adaptive_greedy_equals_target_greedy(target, name):
+  engine = engine_with(target, *drafts(target)[name])
+  reference = engine.generate(PROMPTS, 40).tokens
+  drafted = set()
+  for config in (JUMPY, adaptive.AdaptiveConfig(**COSTS)):
+    out = engine.generate(PROMPTS, 40, adaptive=config, verifier='greedy')
+    assert out.tokens == reference
+    assert engine.generate(PROMPTS[1:2], 40, adaptive=config).tokens[0] == reference[1]
+    drafted |= {d for row in out.drafted for d in row}
+  assert 0 in drafted and len(drafted) >= 3, drafted  # plain steps and two draft lengths
+
+
+def test_jumpy_settings_do_switch(target):
+  engine = engine_with(target, *drafts(target)['random tiny model'])
+  out = engine.generate(PROMPTS, 60, adaptive=JUMPY)
+  drafted = {d for row in out.drafted for d in row}
+  assert drafted >= {0, 1}, drafted  # plain steps and probes both ran
+  assert out.switches >= 1
+
+
+def test_the_draft_cache_catches_up_after_plain_steps(target):
+  """With the target as its own draft every draft token is accepted, unless the draft's
+  cache missed the tokens of the plain steps that skipped it."""
+  cfg, params = target
+  engine = engine_with(target, ModelDrafter(cfg), params)
+  out = engine.generate(PROMPTS, 60, adaptive=JUMPY)
+  tried = [(a, d) for acc, dr in zip(out.accepted, out.drafted) for a, d in zip(acc, dr) if d]
+  plain = sum(d == 0 for row in out.drafted for d in row)
+  assert plain >= 4 and len(tried) >= 4  # it started off, probed, and turned on
+  assert all(a == d for a, d in tried), tried
+
+
+def test_control_carries_over_between_batches(target):
+  cfg, params = target
+  engine = engine_with(target, ModelDrafter(cfg), params)
+  first = engine.generate(PROMPTS, 30, adaptive=JUMPY)
+  second = engine.generate(PROMPTS, 30, adaptive=JUMPY)
+  plain = lambda out: sum(d == 0 for row in out.drafted for d in row)
+  assert plain(first) > 0 and plain(second) == 0  # it already knows the draft is perfect
+  engine.reset_control()
+  assert plain(engine.generate(PROMPTS, 30, adaptive=JUMPY)) == plain(first)
+
+
+def test_adaptive_sampling_matches_the_target():
+  """30,000 sampled 4-token continuations against the exact target distribution."""
+  import itertools
+
+  import jax.numpy as jnp
+  from scipy import stats
+
+  from specjax.decode.sampling import probabilities
+  from specjax.models import llama
+  from specjax.models.kv_cache import KVCache
+  vocab, prompt, n = 4, [1, 2], 30000
+  cfg, params = testing.tiny_model(seed=21, vocab_size=vocab, n_layers=2, scale=0.5)
+  draft_cfg, draft = testing.tiny_model(seed=22, vocab_size=vocab, n_layers=1, scale=0.5)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=16, drafter=ModelDrafter(draft_cfg),
+                  draft_params=draft)
+  sampling = SamplingConfig(temperature=1.0)
+  # Starts off, probes after one plain step, then drafts: both kinds of iteration run.
+  config = adaptive.AdaptiveConfig(gammas=(1, 2), start_on=False, probe_every=1)
+  out = engine.generate([prompt] * n, 4, sampling, seed=5, adaptive=config)
+  assert {d for row in out.drafted for d in row} >= {0, 2}
+
+  seqs = np.array(list(itertools.product(range(vocab), repeat=4)))
+  tokens = jnp.asarray(np.concatenate([np.tile(prompt, (len(seqs), 1)), seqs], 1))
+  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)
+  probs = np.asarray(probabilities(logits, sampling), np.float64)
+  exact = np.prod([probs[np.arange(len(seqs)), len(prompt) - 1 + j, seqs[:, j]]
+                   for j in range(4)], axis=0)
+  counts = np.bincount(np.array(out.tokens) @ (vocab ** np.arange(4)[::-1]),
+                       minlength=len(seqs))
+  expected = exact / exact.sum() * n
+  big = expected >= 5
+  obs = np.append(counts[big], counts[~big].sum())
+  exp = np.append(expected[big], expected[~big].sum())
+  assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
