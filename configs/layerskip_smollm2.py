@@ -1,6 +1,7 @@
 """Self-speculative layer skipping for smollm2-135m-instruct: the calibrated skip set.
 
-Written by `python -m specjax.calibrate_skip` on 2026-11-30 (report: experiments/layerskip_bench/calibration.json).
+Written by `python -m specjax.calibrate_skip` on 2026-11-30; report:
+experiments/layerskip_bench/calibration.json.
 Skipped layers (25, 26) of 30; predicted 0.86x, measured 0.63x
 over autoregressive decoding on the calibration prompts (not the evaluation sets).
 No skip set beat autoregressive decoding: this is the least slow one.

@@ -197,7 +197,8 @@ def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict
 
 CONFIG_TEMPLATE = '''"""Self-speculative layer skipping for {model}: the calibrated skip set.
 
-Written by `python -m specjax.calibrate_skip` on {date} (report: {report}).
+Written by `python -m specjax.calibrate_skip` on {date}; report:
+{report}.
 Skipped layers {skipped} of {n_layers}; predicted {predicted:.2f}x, measured {measured}
 over autoregressive decoding on the calibration prompts (not the evaluation sets).{verdict}
 
