@@ -21,15 +21,17 @@ import json
 import pathlib
 import platform
 import subprocess
+import sys
 
 import numpy as np
 
-from specjax import self_consistency as sc
-from specjax.data import prompts as prompts_lib
-from specjax.decode.engine import Engine
-from specjax.decode.sampling import SamplingConfig
-from specjax.drafters import ConsensusDrafter, NgramDrafter
-from specjax.models import loader
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
+from specjax import self_consistency as sc  # noqa: E402
+from specjax.data import prompts as prompts_lib  # noqa: E402
+from specjax.decode.engine import Engine  # noqa: E402
+from specjax.decode.sampling import SamplingConfig  # noqa: E402
+from specjax.drafters import ConsensusDrafter, NgramDrafter  # noqa: E402
+from specjax.models import loader  # noqa: E402
 
 
 def main():

@@ -17,10 +17,12 @@ import importlib.util
 import json
 import pathlib
 import subprocess
+import sys
 
-from specjax.data import prompts as prompts_lib
-from specjax.decode.engine import Engine
-from specjax.models import loader
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
+from specjax.data import prompts as prompts_lib  # noqa: E402
+from specjax.decode.engine import Engine  # noqa: E402
+from specjax.models import loader  # noqa: E402
 
 
 def read_config(path: str):
