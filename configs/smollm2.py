@@ -8,6 +8,9 @@
 Arguments after the colon (comma separated): `tiny` swaps in a random 2-layer byte-level
 model and shrinks everything so the whole path runs in seconds; `sweep` sets gammas to
 (1, 2, 4, 8).
+
+Methods are named 'autoregressive', '<draft>@<gamma>' and '<draft>@adaptive'; pick some
+with e.g. --config.methods='ngram@4,ngram@adaptive'.
 """
 
 import ml_collections
@@ -35,9 +38,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
   # Speculative decoding with every draft below, compared with autoregressive decoding in
   # the same run: prompt lookup ('ngram'), and the target's first layers ('truncated:K',
-  # an untrained stand-in until a distilled draft exists: it shows the machinery, not a
-  # speedup). An empty tuple runs autoregressive decoding only.
+  # an untrained stand-in: it shows the machinery, and adaptive control switching off a
+  # draft that does not pay). Each draft runs at every gamma in `gammas`, and adaptively
+  # (gamma chosen every iteration among 0 and `adaptive_gammas` from the measured costs
+  # and the acceptance seen so far). An empty tuple of drafts runs autoregressive only.
   c.drafts = ('ngram', 'truncated:1' if args.tiny else 'truncated:4')
   c.verifier = 'rejection'  # rejection, block, or greedy (temperature 0 only)
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,)  # or --config.gammas='(1, 2, 4, 8)'
+  c.adaptive_gammas = (1, 2, 4)  # () runs no adaptive methods
+  c.methods = ''  # a comma-separated subset of the methods above ('' runs them all)
+  c.measure_costs = True  # time draft and verify steps: c, the cost model, adaptive control
   return c

@@ -8,8 +8,9 @@ import pathlib
 import numpy as np
 
 COLUMNS = ('method', 'category', 'gamma', 'acceptance_rate', 'tokens_per_call',
-           'tokens_per_second', 'speedup', 'latency_ms_p50', 'latency_ms_p90', 'latency_ms_p99',
-           'greedy_mismatches', 'new_tokens')
+           'tokens_per_second', 'speedup', 'decode_speedup', 'predicted_speedup',
+           'latency_ms_p50', 'latency_ms_p90', 'latency_ms_p99', 'ms_per_token_p99',
+           'zero_accept_fraction', 'greedy_mismatches', 'new_tokens')
 
 
 def _row(method: str, category: str, m: dict) -> dict:
@@ -17,6 +18,7 @@ def _row(method: str, category: str, m: dict) -> dict:
   row.update(method=method, category=category)
   for q in ('p50', 'p90', 'p99'):
     row[f'latency_ms_{q}'] = m['latency_ms'][q]
+  row['ms_per_token_p99'] = m['latency_ms_per_token']['p99']
   return row
 
 
@@ -32,17 +34,21 @@ def write_csv(path: pathlib.Path, summary: dict) -> None:
 
 
 def acceptance_by_position(recs: list[dict]) -> np.ndarray:
-  """P(the i-th draft token is accepted), i = 1..gamma, over iterations that drafted."""
+  """P(the i-th draft token is accepted | drafted), i = 1..gamma (nan where never drafted)."""
   gamma = recs[0]['gamma']
-  kept = [a for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
-  if not kept:
-    return np.zeros(gamma)
-  kept = np.array(kept)
-  return np.array([(kept >= i).mean() for i in range(1, gamma + 1)])
+  pairs = np.array([(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+                   ).reshape(-1, 2)
+  out = np.full(gamma, np.nan)
+  for i in range(1, gamma + 1):
+    drafted = pairs[:, 1] >= i
+    if drafted.any():
+      out[i - 1] = (pairs[drafted, 0] >= i).mean()
+  return out
 
 
 def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathlib.Path]:
-  """acceptance_by_position.png, speedup_vs_gamma.png and latency_cdf.png."""
+  """acceptance_by_position.png, speedup_vs_gamma.png, latency_cdf.png, and
+  adaptive_gamma.png when adaptive methods ran."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -61,21 +67,45 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
   paths.append(_save(fig, out_dir / 'acceptance_by_position.png'))
 
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-  drafts = {}
+  drafts, adaptive = {}, {}
   for name, m in summary['methods'].items():
-    if m['gamma']:
-      drafts.setdefault(name.rsplit(' gamma=', 1)[0], []).append(
-          (m['gamma'], m['speedup'], m['tokens_per_call']))
+    draft, _, setting = name.rpartition('@')
+    if setting.isdigit():
+      drafts.setdefault(draft, []).append((int(setting), m['speedup'], m['tokens_per_call']))
+    elif setting == 'adaptive':
+      adaptive[draft] = m
   for draft, points in drafts.items():
     g, speed, tpc = zip(*sorted(points))
-    left.plot(g, speed, marker='o', label=draft)
+    line, = left.plot(g, speed, marker='o', label=draft)
     right.plot(g, tpc, marker='o', label=draft)
+    if draft in adaptive:
+      left.axhline(adaptive[draft]['speedup'], color=line.get_color(), linestyle=':',
+                   label=f'{draft} adaptive')
+  for draft, m in adaptive.items():
+    if draft not in drafts:
+      left.axhline(m['speedup'], linestyle=':', label=f'{draft} adaptive')
   left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
   left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
   right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')
   if drafts:
     left.legend(fontsize=7)
   paths.append(_save(fig, out_dir / 'speedup_vs_gamma.png'))
+
+  adaptive = [name for name in records if name.endswith('@adaptive')]
+  if adaptive:
+    fig, axes = plt.subplots(len(adaptive), 1, figsize=(10, 2.2 * len(adaptive)), squeeze=False)
+    for ax, name in zip(axes[:, 0], adaptive):
+      seq, bounds = [], []
+      for r in records[name]:  # requests in order; drafted 0 = a plain step
+        seq += r['drafted']
+        bounds.append(len(seq))
+      ax.step(range(len(seq)), seq, where='post', linewidth=0.8)
+      for b in bounds[:-1]:
+        ax.axvline(b, color='gray', linewidth=0.3)
+      ax.set(ylabel='gamma', title=f'{name}: draft length per iteration (0 = plain step; '
+                                   'gray lines separate requests)')
+    axes[-1, 0].set_xlabel('iteration')
+    paths.append(_save(fig, out_dir / 'adaptive_gamma.png'))
 
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, recs in records.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -14,6 +15,9 @@ import ml_collections
 import numpy as np
 
 from specjax import config_lib, report, verify
+from specjax.control import cost_model
+from specjax.control import costs as costs_lib
+from specjax.control.adaptive import AdaptiveConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 from specjax.decode.sampling import SamplingConfig
@@ -32,6 +36,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
   config_lib.check(c.mesh.data >= 1 and c.mesh.model >= 1, 'mesh', c.mesh.to_dict(),
                    'data >= 1 and model >= 1')
+  for field in ('gammas', 'adaptive_gammas'):
+    values = tuple(c.get(field, ()))
+    config_lib.check(all(isinstance(g, int) and g >= 1 for g in values), field, values,
+                     'draft lengths, each an integer >= 1')
   verifiers = sorted(verify.VERIFIERS)
   config_lib.check(c.verifier in verifiers, 'verifier', c.verifier, f'one of {verifiers}')
   if c.prompt and not c.prompt.strip():
@@ -62,36 +70,127 @@ def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
   return {f'p{q}': float(np.percentile(values, q)) for q in qs}
 
 
-def build_engines(config, model: loader.LoadedModel) -> dict[str, tuple[Engine, str]]:
+DRAFT_KINDS = ('ngram[:N]', 'truncated:K', 'layers:A-B,...', 'distilled[:DIR]',
+               'consensus:N', 'a model spec (asset name, .gguf file, HF directory)')
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+  """One decoding method of a run: autoregressive, a fixed gamma, or adaptive."""
+
+  name: str  # 'autoregressive', '<draft>@<gamma>' or '<draft>@adaptive'
+  draft: str = ''
+  gamma: int = 0
+  adaptive: bool = False
+
+
+def parse_method(text: str) -> MethodSpec:
+  text = text.strip()
+  if text == 'autoregressive':
+    return MethodSpec('autoregressive')
+  draft, at, setting = text.rpartition('@')
+  if not at or not draft or not (setting == 'adaptive' or setting.isdigit()):
+    raise ValueError(f'unknown method {text!r}: expected "autoregressive", "<draft>@<gamma>" or '
+                     f'"<draft>@adaptive", with a draft one of {", ".join(DRAFT_KINDS)}')
+  if setting == 'adaptive':
+    return MethodSpec(text, draft, 0, True)
+  gamma = int(setting)
+  config_lib.check(gamma >= 1, 'methods', text, 'a draft length >= 1 after the @')
+  return MethodSpec(text, draft, gamma)
+
+
+def build_methods(config) -> list[MethodSpec]:
+  """Autoregressive first, then every draft at every gamma (and adaptive), or config.methods.
+
+  The declared set is config.drafts x config.gammas, plus '<draft>@adaptive' per draft
+  when config.adaptive_gammas is set. config.methods (comma separated) picks a subset
+  of those, or names others in the same syntax.
+  """
+  for spec in config.drafts:
+    config_lib.check(isinstance(spec, str) and spec and '@' not in spec, 'drafts',
+                     tuple(config.drafts), 'non-empty draft specs (without @)')
+  declared = [MethodSpec('autoregressive')]
+  for spec in config.drafts:
+    declared += [MethodSpec(f'{spec}@{g}', spec, g) for g in config.gammas]
+    if config.adaptive_gammas:
+      declared.append(MethodSpec(f'{spec}@adaptive', spec, 0, True))
+  if not config.methods:
+    return declared
+  known = {m.name: m for m in declared}
+  chosen = [MethodSpec('autoregressive')]  # the baseline always runs
+  for text in config.methods.split(','):
+    if not text.strip():
+      continue
+    try:
+      method = known.get(text.strip()) or parse_method(text)
+    except ValueError as e:
+      raise ValueError(f'config.methods: {e}; this config declares: '
+                       f'{", ".join(known)}') from None
+    if method.adaptive and not config.adaptive_gammas:
+      raise ValueError(f'config.methods: {method.name} needs config.adaptive_gammas')
+    if method.name not in {m.name for m in chosen}:
+      chosen.append(method)
+  return chosen
+
+
+def build_engines(config, model: loader.LoadedModel,
+                  methods: list[MethodSpec]) -> dict[str, tuple[Engine, str]]:
   """One engine per draft ('' for autoregressive only), all sharing the target's arrays."""
   mesh = None
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
   params = (sharding_lib.shard_params(model.params, mesh) if mesh is not None
             else jax.device_put(model.params))
-  specs = [''] + (list(config.drafts) if config.gammas else [])
   engines = {}
-  for spec in specs:
+  for spec in dict.fromkeys(m.draft for m in methods):
     drafter, draft_params, label = None, None, ''
     if spec:
-      drafter, draft_params, label = loader.load_draft(spec, model, config.dtype)
+      try:
+        drafter, draft_params, label = loader.load_draft(spec, model, config.dtype)
+      except ValueError as e:
+        if not str(e).startswith('unknown model'):
+          raise
+        raise ValueError(f'unknown draft {spec!r}: expected one of {", ".join(DRAFT_KINDS)}'
+                         ) from None
+      if hasattr(drafter, 'check_batch'):
+        drafter.check_batch(config.batch_size)
     engines[spec] = (Engine(params, model.cfg, eos_id=model.tokenizer.eos_id,
                             cache_size=config.cache_size, mesh=mesh, drafter=drafter,
                             draft_params=draft_params), label)
   return engines
 
 
-def build_methods(config) -> list[tuple[str, str, int]]:
-  """(name, draft spec, gamma) for every method: autoregressive first, then the sweep."""
-  methods = [('autoregressive', '', 0)]
-  for g in config.gammas:
-    config_lib.check(isinstance(g, int) and g >= 1, 'gammas', tuple(config.gammas),
-                     'draft lengths, each an integer >= 1')
-  for spec in config.drafts:
-    config_lib.check(isinstance(spec, str) and spec, 'drafts', tuple(config.drafts),
-                     'non-empty draft specs')
-    methods += [(f'{spec} gamma={g}', spec, g) for g in config.gammas]
-  return methods
+COST_GAMMAS = (1, 2, 4, 8)  # always measured, so the cost model can suggest any of them
+
+
+def measure_costs(config, engines, methods, slots: int, say) -> dict[str, costs_lib.Costs]:
+  """Per draft: the measured cost of proposing and verifying each gamma (target shared)."""
+  out, target = {}, {}
+  sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
+  for spec, (engine, _) in engines.items():
+    if not spec:
+      continue
+    gammas = sorted(set(COST_GAMMAS) | set(config.adaptive_gammas)
+                    | {m.gamma for m in methods if m.draft == spec and m.gamma})
+    gammas = [g for g in gammas if g + 1 < slots]
+    start = time.perf_counter()
+    if not target:
+      target['step'] = costs_lib.forward_ms(engine.params, engine.cfg, config.batch_size, 1,
+                                            slots, repeats=3)
+    for g in gammas:
+      if g not in target:
+        target[g] = costs_lib.forward_ms(engine.params, engine.cfg, config.batch_size, g + 1,
+                                         slots, repeats=3)
+    draft = {g: costs_lib.propose_ms(engine.drafter, engine.draft_params, engine.params,
+                                     engine.cfg, config.batch_size, g, slots, sampling,
+                                     repeats=3) for g in gammas}
+    out[spec] = costs_lib.Costs(batch=config.batch_size, slots=slots, target_ms=target['step'],
+                                draft_ms=draft, verify_ms={g: target[g] for g in gammas})
+    say(f'costs of {spec} (batch {config.batch_size}, {slots} slots, '
+        f'{time.perf_counter() - start:.0f} s to measure): target step '
+        f'{target["step"]:.2f} ms, c = {out[spec].c:.3f}, verify/step = ' + ', '.join(
+            f'{g}: {out[spec].units(g)[1]:.2f}' for g in gammas))
+  return out
 
 
 def load_workload(config) -> list[prompts_lib.Prompt]:
@@ -105,8 +204,9 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
   """Loads the model, runs every method on the workload, writes results; returns them.
 
   Methods run interleaved batch by batch (every method on a batch before the next
-  batch), so drift of a shared machine hits them alike. Compilation is kept out of
-  every timing and reported separately.
+  batch), so drift of a shared machine hits them alike. Each method's first batch of a
+  shape is preceded by an explicit warm-up that compiles; that time is reported as
+  compile_seconds and kept out of every timing.
   """
   say = print if verbose else (lambda *a, **k: None)
   validate(config)
@@ -117,12 +217,11 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
   model = loader.load_model(config.model, config.dtype)
   say(f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
       f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s')
-  engines = build_engines(config, model)
+  engines = build_engines(config, model, methods)
   for spec, (_, label) in engines.items():
     if spec:
-      say(f'draft {spec}: {label}' + ('  (an untrained stand-in until a distilled draft '
-                                     'exists: expect low acceptance)' if 'untrained' in label
-                                     else ''))
+      say(f'draft {spec}: {label}' + ('  (an untrained stand-in: expect low acceptance)'
+                                     if 'untrained' in label else ''))
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   encoded = []
   for p in workload:
@@ -130,35 +229,45 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
       encoded.append(model.tokenizer.encode_chat(p.text))
     except ValueError as e:
       raise ValueError(f'prompt {p.id!r}: {e}') from None
-  records = {name: [] for name, _, _ in methods}
-  compile_seconds = {name: 0.0 for name, _, _ in methods}
+  base_engine = engines[''][0]
+  slots = base_engine.prepare(encoded[:config.batch_size], config.max_new_tokens)[4]
+  costs = measure_costs(config, engines, methods, slots, say) if config.measure_costs else {}
+  adaptive = {}
+  for m in methods:
+    if m.adaptive:
+      adaptive[m.name] = (AdaptiveConfig.from_costs(costs[m.draft], config.adaptive_gammas)
+                          if m.draft in costs else AdaptiveConfig(gammas=config.adaptive_gammas))
+  records = {m.name: [] for m in methods}
+  compile_seconds = {m.name: 0.0 for m in methods}
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
-    for name, spec, gamma in methods:
-      out = engines[spec][0].generate([encoded[j] for j in batch], config.max_new_tokens,
-                                      sampling, seed=config.seed + i, gamma=gamma,
-                                      verifier=config.verifier)
-      compile_seconds[name] += out.compile_seconds
+    for m in methods:
+      out = engines[m.draft][0].generate(
+          [encoded[j] for j in batch], config.max_new_tokens, sampling, seed=config.seed + i,
+          gamma=m.gamma, verifier=config.verifier, adaptive=adaptive.get(m.name))
+      compile_seconds[m.name] += out.compile_seconds
       for row, j in enumerate(batch):
-        records[name].append(_record(workload[j], encoded[j], out, row, model.tokenizer, name))
+        records[m.name].append(_record(workload[j], encoded[j], out, row, model.tokenizer,
+                                       m.name, i // config.batch_size))
     say(f'[{len(batch) + i}/{len(workload)}] ' + ', '.join(
-        f'{name}: {records[name][-1]["decode_tokens_per_second"]:.1f} tok/s'
-        for name, _, _ in methods))
+        f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s'
+        for m in methods))
   drafts = {spec: label for spec, (_, label) in engines.items() if spec}
-  summary = summarize(config, model, records, compile_seconds, drafts)
+  summary = summarize(config, model, records, compile_seconds, drafts, methods, costs)
   if sampling.greedy:
     for name, m in summary['methods'].items():
-      m['near_ties'] = count_near_ties(engines[''][0], encoded, records[name],
+      m['near_ties'] = count_near_ties(base_engine, encoded, records[name],
                                        records['autoregressive'])
   write_results(out_dir, config, records, summary)
   if config.prompt or (verbose and len(workload) <= 4):
     show_texts(say, records, sampling)
   say(format_table(summary))
-  say(f'results in {out_dir}')
+  say(format_best_gamma(summary))
+  say(f'results in {out_dir}  (advice: python -m specjax.advise {out_dir})')
   return summary
 
 
-def _record(prompt, ids, out, row, tokenizer, method) -> dict:
+def _record(prompt, ids, out, row, tokenizer, method, batch) -> dict:
   tokens = out.tokens[row]
   accepted = out.accepted[row] if out.accepted else []
   drafted = out.drafted[row] if out.drafted else []
@@ -166,8 +275,9 @@ def _record(prompt, ids, out, row, tokenizer, method) -> dict:
       'method': method, 'id': prompt.id, 'category': prompt.category, 'prompt': prompt.text,
       'output': tokenizer.decode(tokens), 'tokens': tokens, 'prompt_tokens': len(ids),
       'new_tokens': len(tokens), 'target_calls': len(accepted) + 1,
-      'accepted': accepted, 'drafted': drafted, 'gamma': out.gamma,
-      'prefill_ms': 1e3 * out.prefill_seconds,
+      'accepted': accepted, 'drafted': drafted, 'gamma': out.gamma, 'batch': batch,
+      'prefill_ms': 1e3 * out.prefill_seconds, 'decode_ms': 1e3 * out.decode_seconds,
+      'batch_steps': out.steps, 'switches': out.switches,
       'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
       'decode_tokens_per_second': out.decode_tokens_per_second}
 
@@ -212,54 +322,157 @@ def method_summary(recs, baseline, compile_seconds) -> dict:
   lat = [r['latency_ms'] for r in recs]
   drafted = sum(sum(r['drafted']) for r in recs)
   tried = [a for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+  batches = {r['batch']: r for r in recs}.values()  # the decode loop's time is per batch
+  decode_s = sum(r['decode_ms'] for r in batches) / 1e3
   return {
       'gamma': recs[0]['gamma'], 'new_tokens': new,
       'acceptance_rate': sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
       'tokens_per_call': new / max(sum(r['target_calls'] for r in recs), 1),
-      'decode_tokens_per_second': float(np.median([r['decode_tokens_per_second'] for r in recs])),
-      'tokens_per_second': new / max(sum(lat) / 1e3, 1e-9),
+      'decode_tokens_per_second': (new - len(recs)) / max(decode_s, 1e-9),
+      'tokens_per_second': new / max(sum(r['latency_ms'] for r in batches) / 1e3, 1e-9),
+      'iteration_ms': 1e3 * decode_s / max(sum(r['batch_steps'] for r in batches), 1),
+      'verified_fraction': (len(tried) / max(sum(len(r['drafted']) for r in recs), 1)
+                            if recs[0]['gamma'] else None),
       'prefill_ms': percentiles([r['prefill_ms'] for r in recs]),
       'latency_ms': percentiles(lat),
       'latency_ms_per_token': percentiles([r['latency_ms'] / r['new_tokens'] for r in recs]),
       'zero_accept_fraction': tried.count(0) / len(tried) if tried else None,
       'greedy_mismatches': sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
+      'switches': sum(r['switches'] for r in batches),
       'compile_seconds': compile_seconds,
   }
 
 
-def summarize(config, model, records, compile_seconds, drafts=None) -> dict:
-  """Per method: acceptance, tokens per target call, speed, latency percentiles, speedup."""
+def predict(m: dict, recs, costs: costs_lib.Costs, method: MethodSpec) -> dict:
+  """The cost model's speedup for a method, from its acceptance and the measured costs.
+
+  Iterations are weighted as they ran: one that verified gamma drafts emits
+  E(alpha, gamma) tokens at cost draft(gamma) + verify(gamma); one that did not (a plain
+  step of adaptive control, or a prompt lookup with no match) emits 1 token at cost 1
+  (plus the search, for a fixed-gamma lookup). The same units give the predicted split
+  of an iteration's time into draft, verify and the rest.
+  """
+  alpha = m['acceptance_rate'] or 0.0
+  table = costs.table()
+  tokens = units = draft_ms = verify_ms = 0.0
+  n = 0
+  for r in recs:
+    for d in r['drafted']:
+      n += 1
+      if d:
+        dc, vc = table[d]
+        tokens += float(cost_model.expected_tokens(alpha, d))
+      else:
+        dc, vc = (0.0 if method.adaptive else table[method.gamma][0]), 1.0
+        tokens += 1
+      units += dc + vc
+      draft_ms += dc * costs.target_ms
+      verify_ms += vc * costs.target_ms
+  predicted = tokens / max(units, 1e-9)
+  measured_ms = m['iteration_ms']
+  per_iter = lambda x: x / max(n, 1)
+  return {
+      'c': costs.c,
+      'predicted_speedup': predicted,
+      'time_split_ms': {'draft': per_iter(draft_ms), 'verify': per_iter(verify_ms),
+                        'other': measured_ms - per_iter(draft_ms + verify_ms)},
+  }
+
+
+def best_gamma_per_category(summary, costs) -> dict:
+  """Per draft and category: the cost model's best gamma from the category's acceptance."""
+  out = {}
+  for spec, c in costs.items():
+    table = c.table()
+    out[spec] = {}
+    for cat in ['all', *summary['methods']['autoregressive']['categories']]:
+      accepted = drafted = 0.0
+      for name, m in summary['methods'].items():
+        if not name.startswith(spec + '@'):
+          continue
+        sub = m if cat == 'all' else m['categories'][cat]
+        if sub['acceptance_rate'] is not None:
+          tokens = sub['_drafted']
+          accepted += sub['acceptance_rate'] * tokens
+          drafted += tokens
+      if not drafted:
+        continue
+      alpha = accepted / drafted
+      gamma, speedup = cost_model.best_gamma(alpha, table)
+      out[spec][cat] = {'alpha': alpha, 'gamma': gamma, 'predicted_speedup': speedup}
+  return out
+
+
+def summarize(config, model, records, compile_seconds, drafts=None, methods=None,
+              costs=None) -> dict:
+  """Per method: acceptance, tokens per target call, speed, latency percentiles, speedup,
+  and (with measured costs) the cost model's prediction."""
+  costs = costs or {}
+  specs = {m.name: m for m in (methods or [])}
   baseline = records['autoregressive']
-  methods = {name: method_summary(recs, baseline, compile_seconds[name])
-             for name, recs in records.items()}
-  base_tps = methods['autoregressive']['tokens_per_second']
+  out = {name: method_summary(recs, baseline, compile_seconds[name])
+         for name, recs in records.items()}
+  base = out['autoregressive']
   categories = sorted({r['category'] for r in baseline})
-  for name, m in methods.items():
-    m['speedup'] = m['tokens_per_second'] / base_tps
+  for name, m in out.items():
+    m['speedup'] = m['tokens_per_second'] / base['tokens_per_second']
+    m['decode_speedup'] = m['decode_tokens_per_second'] / base['decode_tokens_per_second']
+    m['_drafted'] = sum(sum(r['drafted']) for r in records[name])
+    spec = specs.get(name)
+    if spec is not None and spec.draft in costs:
+      m.update(predict(m, records[name], costs[spec.draft], spec))
+      m['adaptive'] = spec.adaptive
+      m['draft'] = spec.draft
     m['categories'] = {}
     for cat in categories:
       pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
       sub = method_summary([records[name][i] for i in pick], [baseline[i] for i in pick], 0.0)
       del sub['compile_seconds']
+      sub['_drafted'] = sum(sum(records[name][i]['drafted']) for i in pick)
+      if spec is not None and spec.draft in costs:
+        sub['predicted_speedup'] = predict(sub, [records[name][i] for i in pick],
+                                           costs[spec.draft], spec)['predicted_speedup']
       m['categories'][cat] = sub
-  for m in methods.values():
+  for m in out.values():
     for cat, sub in m['categories'].items():
-      sub['speedup'] = (sub['tokens_per_second']
-                        / methods['autoregressive']['categories'][cat]['tokens_per_second'])
-  return {'model': model.source, 'drafts': drafts or {}, 'verifier': config.verifier,
-          'temperature': config.temperature, 'batch_size': config.batch_size,
-          'num_prompts': len(baseline), 'methods': methods}
+      ref = base['categories'][cat]
+      sub['speedup'] = sub['tokens_per_second'] / ref['tokens_per_second']
+      sub['decode_speedup'] = sub['decode_tokens_per_second'] / ref['decode_tokens_per_second']
+  summary = {'model': model.source, 'drafts': drafts or {}, 'verifier': config.verifier,
+             'temperature': config.temperature, 'batch_size': config.batch_size,
+             'num_prompts': len(baseline), 'methods': out,
+             'costs': {spec: c.to_json() for spec, c in costs.items()}}
+  summary['best_gamma'] = best_gamma_per_category(summary, costs)
+  for m in out.values():
+    m.pop('_drafted')
+    for sub in m['categories'].values():
+      sub.pop('_drafted')
+  return summary
 
 
 def format_table(summary) -> str:
-  head = (f'{"method":<28}{"accept":>8}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
-          f'{"p50 ms":>9}{"p99 ms":>9}{"mismatch":>9}')
+  head = (f'{"method":<26}{"accept":>7}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
+          f'{"predicted":>10}{"p50 ms":>8}{"p99 ms":>8}{"ms/tok p99":>11}{"mismatch":>9}')
   lines = [head]
   for name, m in summary['methods'].items():
     acc = '-' if m['acceptance_rate'] is None else f'{m["acceptance_rate"]:.2f}'
-    lines.append(f'{name:<28}{acc:>8}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
-                 f'{m["speedup"]:>7.2f}x{m["latency_ms"]["p50"]:>9.0f}'
-                 f'{m["latency_ms"]["p99"]:>9.0f}{m["greedy_mismatches"]:>9}')
+    pred = f'{m["predicted_speedup"]:.2f}x' if 'predicted_speedup' in m else '-'
+    lines.append(f'{name:<26}{acc:>7}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
+                 f'{m["speedup"]:>7.2f}x{pred:>10}{m["latency_ms"]["p50"]:>8.0f}'
+                 f'{m["latency_ms"]["p99"]:>8.0f}{m["latency_ms_per_token"]["p99"]:>11.1f}'
+                 f'{m["greedy_mismatches"]:>9}')
+  lines.append('(speedup: end to end, prefill included; predicted: the cost model on the decode '
+               'loop, compare with decode_speedup in results.json)')
+  return '\n'.join(lines)
+
+
+def format_best_gamma(summary) -> str:
+  lines = []
+  for spec, cats in summary.get('best_gamma', {}).items():
+    parts = [f'{cat}: ' + ('off' if b['gamma'] == 0 else
+                           f'gamma={b["gamma"]} ({b["predicted_speedup"]:.2f}x)')
+             + f' at alpha {b["alpha"]:.2f}' for cat, b in cats.items()]
+    lines.append(f'best gamma by the cost model, {spec}: ' + '; '.join(parts))
   return '\n'.join(lines)
 
 

@@ -30,21 +30,23 @@ def test_tiny_prompt_set_writes_results(tmp_path):
                          str(tmp_path / 'out'), verbose=False)
   records = [json.loads(l) for l in (tmp_path / 'out' / 'generations.jsonl').read_text()
              .splitlines()]
-  assert [r['category'] for r in records] == ['greet', 'math', 'default'] * 3
+  assert [r['category'] for r in records] == ['greet', 'math', 'default'] * 5
   assert records[1]['prompt'] == 'count to three'
   assert all(1 <= r['new_tokens'] <= 16 and isinstance(r['output'], str) for r in records)
   saved = json.loads((tmp_path / 'out' / 'results.json').read_text())
   assert saved == summary and saved['num_prompts'] == 3
-  assert set(saved['methods']) == {'autoregressive', 'ngram gamma=4', 'truncated:1 gamma=4'}
+  names = {'autoregressive', 'ngram@4', 'ngram@adaptive', 'truncated:1@4', 'truncated:1@adaptive'}
+  assert set(saved['methods']) == names
   for name, m in saved['methods'].items():
     mine = [r for r in records if r['method'] == name]
     assert m['new_tokens'] == sum(r['new_tokens'] for r in mine)
   ar = saved['methods']['autoregressive']
   assert ar['acceptance_rate'] is None and ar['tokens_per_call'] == 1.0 and ar['speedup'] == 1.0
-  for name in ('ngram gamma=4', 'truncated:1 gamma=4'):
+  for name in names - {'autoregressive'}:
     spec = saved['methods'][name]
     assert spec['acceptance_rate'] is None or 0 <= spec['acceptance_rate'] <= 1
     assert 1 <= spec['tokens_per_call'] <= 5
+    assert spec['c'] > 0 and spec['predicted_speedup'] > 0
     assert spec['zero_accept_fraction'] is None or 0 <= spec['zero_accept_fraction'] <= 1
     assert spec['latency_ms_per_token']['p50'] <= spec['latency_ms']['p50']
     assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
@@ -55,8 +57,8 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     assert sum(c['new_tokens'] for c in m['categories'].values()) == m['new_tokens']
   rows = (tmp_path / 'out' / 'results.csv').read_text().splitlines()
   assert rows[0].startswith('method,category,gamma,acceptance_rate,tokens_per_call')
-  assert len(rows) == 1 + 3 * 4  # 3 methods x (all + 3 categories)
-  for png in ('acceptance_by_position', 'speedup_vs_gamma', 'latency_cdf'):
+  assert len(rows) == 1 + 5 * 4  # 5 methods x (all + 3 categories)
+  for png in ('acceptance_by_position', 'speedup_vs_gamma', 'latency_cdf', 'adaptive_gamma'):
     assert (tmp_path / 'out' / f'{png}.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
@@ -75,10 +77,91 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     ('drafts', ('truncated:9',), '1 <= layers < 2'),
     ('drafts', ('ngram:two',), 'ngram:<longest n-gram>'),
     ('drafts', ('',), 'config.drafts'),
+    ('drafts', ('bogus',), "unknown draft 'bogus': expected one of ngram"),
+    ('adaptive_gammas', (0,), r'config.adaptive_gammas = \(0,\)'),
+    ('methods', 'ngram@4,sometimes', "unknown method 'sometimes'.*declares: autoregressive, "
+                                     "ngram@4, ngram@adaptive"),
+    ('methods', 'ngram@0', 'a draft length >= 1'),
+    ('methods', 'bogus@2', "unknown draft 'bogus'"),
 ])
 def test_invalid_config_values_are_named(tmp_path, field, value, match):
   with pytest.raises(ValueError, match=match):
     run_lib.main(tiny_config(**{field: value}), str(tmp_path), verbose=False)
+
+
+REQUIRED = {'acceptance_rate', 'tokens_per_call', 'tokens_per_second', 'decode_tokens_per_second',
+            'speedup', 'decode_speedup', 'latency_ms', 'latency_ms_per_token',
+            'zero_accept_fraction', 'greedy_mismatches', 'new_tokens', 'iteration_ms'}
+
+
+def test_results_schema_and_method_selection(tmp_path):
+  summary = run_lib.main(tiny_config(methods='truncated:1@adaptive, ngram@2', num_prompts=2),
+                         str(tmp_path), verbose=False)
+  assert list(summary['methods']) == ['autoregressive', 'truncated:1@adaptive', 'ngram@2']
+  assert set(summary['costs']) == {'truncated:1', 'ngram'}
+  for _spec, costs in summary['costs'].items():
+    assert costs['target_ms'] > 0 and costs['c'] > 0
+    assert set(costs['draft_ms']) >= {'1', '2', '4', '8'}
+  for name, m in summary['methods'].items():
+    assert REQUIRED | {'compile_seconds', 'near_ties', 'categories'} <= set(m), name
+    for q in ('p50', 'p90', 'p99'):
+      assert m['latency_ms'][q] > 0 and m['latency_ms_per_token'][q] > 0
+    for sub in m['categories'].values():
+      assert REQUIRED <= set(sub)
+    if name != 'autoregressive':
+      assert {'c', 'predicted_speedup', 'time_split_ms', 'adaptive', 'draft'} <= set(m)
+      split = m['time_split_ms']
+      assert split['draft'] >= 0 and split['verify'] > 0
+  assert summary['methods']['truncated:1@adaptive']['adaptive'] is True
+  for _spec, cats in summary['best_gamma'].items():
+    for b in cats.values():
+      assert b['gamma'] in (0, 1, 2, 4, 8) and 0 <= b['alpha'] <= 1
+
+
+def test_advisor(tmp_path):
+  from specjax import advise
+  run_lib.main(tiny_config(num_prompts=2, adaptive_gammas=()), str(tmp_path), verbose=False)
+  assert advise.main([str(tmp_path)]) == 0
+  advice = json.loads((tmp_path / 'advice.json').read_text())
+  assert set(advice) == {'all', 'writing'}
+  for a in advice.values():
+    best = a['best']
+    assert a['verdict'] in ('on', 'off') and set(best['method'].split('@')[1:]) == {'4'}
+    assert best['margin'] == pytest.approx(best['tokens_per_call'] - 1 - best['overhead'])
+    assert (a['verdict'] == 'on') == (best['speedup'] >= 1.03 and best['margin'] > 0)
+  # A run where speculation cannot pay is 'off' (a fabricated summary: 2 tokens per call
+  # with iterations three times as long as autoregressive steps).
+  summary = json.loads((tmp_path / 'results.json').read_text())
+  for name, m in summary['methods'].items():
+    if name != 'autoregressive':
+      m.update(tokens_per_call=2.0, speedup=0.66, iteration_ms=3 * summary['methods'][
+          'autoregressive']['iteration_ms'])
+  assert advise.advise(summary)['all']['verdict'] == 'off'
+  for name, m in summary['methods'].items():
+    if name != 'autoregressive':
+      m.update(tokens_per_call=3.0, speedup=1.4, iteration_ms=1.5 * summary['methods'][
+          'autoregressive']['iteration_ms'])
+  assert advise.advise(summary)['all']['verdict'] == 'on'
+
+
+def test_advisor_errors_are_named(tmp_path, capsys):
+  from specjax import advise
+  assert advise.main([str(tmp_path / 'nothing')]) == 2
+  assert 'nothing: no such file' in capsys.readouterr().err
+  (tmp_path / 'results.json').write_text('{"methods": {}}')
+  assert advise.main([str(tmp_path)]) == 2
+  assert 'autoregressive' in capsys.readouterr().err
+
+
+def test_bad_prompt_files_are_named(tmp_path):
+  bad = tmp_path / 'bad.jsonl'
+  bad.write_text('{"prompt": "fine"}\n{"prompt": "broken\n')
+  with pytest.raises(ValueError, match=r'bad.jsonl:2: malformed JSON'):
+    run_lib.main(tiny_config(prompts=str(bad)), str(tmp_path / 'out'), verbose=False)
+  empty = tmp_path / 'empty.jsonl'
+  empty.write_text('\n')
+  with pytest.raises(ValueError, match='empty'):
+    run_lib.main(tiny_config(prompts=str(empty)), str(tmp_path / 'out'), verbose=False)
 
 
 def test_unwritable_workdir_is_named(tmp_path):
