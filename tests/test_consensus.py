@@ -228,3 +228,13 @@ def test_draft_spec(target):
   for bad in ('consensus:', 'consensus:x', 'consensus:8,z=1', 'consensus:8,k=x'):
     with pytest.raises(ValueError, match='expected consensus:<N>'):
       loader.load_draft(bad, model)
+
+
+def test_ngram_spec_with_a_range(target):
+  from specjax.drafters import NgramDrafter
+  cfg, params = target
+  model = loader.LoadedModel(cfg, params, None, 'tiny')
+  assert loader.load_draft('ngram:2-6', model)[0] == NgramDrafter(64, n_max=6, n_min=2)
+  assert loader.load_draft('ngram:5', model)[0] == NgramDrafter(64, n_max=5, n_min=1)
+  with pytest.raises(ValueError, match='expected ngram:<longest n-gram> or'):
+    loader.load_draft('ngram:2-', model)

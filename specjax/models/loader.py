@@ -69,7 +69,8 @@ def _cast(params, dtype):
 def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
   """(drafter, draft params, description) for a draft spec, checked against the target.
 
-  'ngram' or 'ngram:N' is prompt lookup with n-grams of up to N tokens (default 3);
+  'ngram' or 'ngram:N' is prompt lookup with n-grams of up to N tokens (default 3), and
+  'ngram:M-N' with n-grams of N down to M tokens (shorter matches propose nothing);
   'truncated:K' is the target's first K layers sharing its embeddings (an untrained
   stand-in); 'layers:0-11,20-29' is the target itself running only those layers, with
   its own cache (self-speculative layer skipping); 'distilled' is the draft distilled for
@@ -91,11 +92,13 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
     drafter = parse_spec(spec, target.cfg.vocab_size)
     return drafter, None, f'consensus drafts {drafter.name}'
   if spec == 'ngram' or spec.startswith('ngram:'):
-    try:
-      n_max = int(spec.split(':', 1)[1]) if ':' in spec else 3
+    try:  # ngram:N (n-grams of N down to 1 tokens) or ngram:M-N (N down to M)
+      lo, _, hi = spec.split(':', 1)[1].rpartition('-') if ':' in spec else ('', '', '3')
+      n_min, n_max = int(lo or 1), int(hi)
     except ValueError:
-      raise ValueError(f'draft {spec!r}: expected ngram:<longest n-gram>') from None
-    drafter = NgramDrafter(target.cfg.vocab_size, n_max=n_max)
+      raise ValueError(f'draft {spec!r}: expected ngram:<longest n-gram> or '
+                       f'ngram:<shortest>-<longest>') from None
+    drafter = NgramDrafter(target.cfg.vocab_size, n_max=n_max, n_min=n_min)
     return drafter, None, f'prompt lookup {drafter.name}'
   if spec.startswith('truncated:'):
     try:
