@@ -176,14 +176,14 @@ def measure_costs(config, engines, methods, slots: int, say) -> dict[str, costs_
     start = time.perf_counter()
     if not target:
       target['step'] = costs_lib.forward_ms(engine.params, engine.cfg, config.batch_size, 1,
-                                            slots, repeats=3)
+                                            slots, repeats=5)
     for g in gammas:
       if g not in target:
         target[g] = costs_lib.forward_ms(engine.params, engine.cfg, config.batch_size, g + 1,
-                                         slots, repeats=3)
+                                         slots, repeats=5)
     draft = {g: costs_lib.propose_ms(engine.drafter, engine.draft_params, engine.params,
                                      engine.cfg, config.batch_size, g, slots, sampling,
-                                     repeats=3) for g in gammas}
+                                     repeats=5) for g in gammas}
     out[spec] = costs_lib.Costs(batch=config.batch_size, slots=slots, target_ms=target['step'],
                                 draft_ms=draft, verify_ms={g: target[g] for g in gammas})
     say(f'costs of {spec} (batch {config.batch_size}, {slots} slots, '

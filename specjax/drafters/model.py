@@ -81,6 +81,10 @@ class ModelDrafter(Drafter):
   def resyncing(self, window: int) -> ModelDrafter:
     return dataclasses.replace(self, resync=window)
 
+  def _forward(self, params, tokens, cache):
+    """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
+    return llama.forward(params, tokens, cache, self.cfg, self.layers)
+
   def _catch_up(self, params, draft_state, state):
     """Feeds the (W + 2) tokens from the filled length on; returns (last logits, cache)."""
     w = self.resync + 2
@@ -92,29 +96,35 @@ class ModelDrafter(Drafter):
                                state.tokens.shape[1] - 1), axis=1)
     chunk = jnp.where(absolute == state.prompt_lens[:, None] - 1,
                       draft_state.last_prompt_token[:, None], emitted)
-    logits, cache = llama.forward(params, chunk, draft_state.cache.with_lengths(start), self.cfg,
-                                  self.layers)
+    logits, cache = self._forward(params, chunk, draft_state.cache.with_lengths(start))
     logits = jnp.take_along_axis(logits, (pos - 1 - start)[:, None, None], axis=1)[:, 0]
     return logits, cache.with_lengths(pos)
 
-  def propose(self, params, draft_state, state, key, gamma, sampling):
+  def first_logits(self, params, draft_state, state):
+    """The draft's logits after the last emitted token, and its cache filled up to it.
+
+    Feeds the last two tokens (see the module docstring), or with `resync`, when a row
+    lags behind after plain steps, the missing tokens too.
+    """
     def in_step(_):
-      logits, cache = llama.forward(params, last_two_tokens(draft_state, state),
-                                    draft_state.cache, self.cfg, self.layers)
+      logits, cache = self._forward(params, last_two_tokens(draft_state, state),
+                                    draft_state.cache)
       return logits[:, -1], cache
 
-    if self.resync:
-      behind = jnp.any(draft_state.cache.lengths < state.prompt_lens + state.num_generated - 2)
-      logits, cache = jax.lax.cond(behind, lambda _: self._catch_up(params, draft_state, state),
-                                   in_step, None)
-    else:
-      logits, cache = in_step(None)
+    if not self.resync:
+      return in_step(None)
+    behind = jnp.any(draft_state.cache.lengths < state.prompt_lens + state.num_generated - 2)
+    return jax.lax.cond(behind, lambda _: self._catch_up(params, draft_state, state), in_step,
+                        None)
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    logits, cache = self.first_logits(params, draft_state, state)
     tokens, dists = [], []
     for i, k in enumerate(jax.random.split(key, gamma)):
       dists.append(sampling_lib.probabilities(logits, sampling))
       tokens.append(sampling_lib.sample(logits, k, sampling))
       if i + 1 < gamma:
-        logits, cache = llama.forward(params, tokens[-1][:, None], cache, self.cfg, self.layers)
+        logits, cache = self._forward(params, tokens[-1][:, None], cache)
         logits = logits[:, 0]
     return (jnp.stack(tokens, 1), jnp.stack(dists, 1),
             draft_state.replace(cache=cache))
