@@ -1,0 +1,55 @@
+"""The cost model's formulas, and cost measurement on a tiny model."""
+
+import numpy as np
+import pytest
+
+from specjax import testing
+from specjax.control import cost_model, costs
+from specjax.decode.engine import Engine
+from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
+
+
+def test_expected_tokens():
+  assert cost_model.expected_tokens(0.0, 4) == 1.0
+  assert cost_model.expected_tokens(1.0, 4) == 5.0
+  assert cost_model.expected_tokens(0.5, 2) == pytest.approx(1.75)
+  # The mean of min(geometric run, gamma) + 1, by simulation.
+  rng = np.random.default_rng(0)
+  runs = np.cumprod(rng.random((200_000, 3)) < 0.7, axis=1).sum(1) + 1
+  assert cost_model.expected_tokens(0.7, 3) == pytest.approx(runs.mean(), rel=0.01)
+
+
+def test_alpha_inverts_expected_tokens():
+  for alpha in (0.1, 0.5, 0.9):
+    tpc = cost_model.expected_tokens(alpha, 4)
+    assert cost_model.alpha_from_tokens_per_call(tpc, 4) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_predictions_and_best_gamma():
+  free = {g: (0.0, 1.0) for g in (1, 2, 4, 8)}
+  assert cost_model.best_gamma(0.9, free)[0] == 8  # a free draft: draft as much as possible
+  costly = {g: (0.5 * g, 1.0 + 0.05 * g) for g in (1, 2, 4)}
+  assert cost_model.best_gamma(0.3, costly) == (0, 1.0)  # never pays: off
+  assert cost_model.predicted_speedup(0.8, 4, 0.4, 1.2) == pytest.approx(
+      cost_model.expected_tokens(0.8, 4) / 1.6)
+  # Iterations without a draft (no lookup match) are plain steps.
+  assert cost_model.predicted_speedup(0.5, 2, 0.0, 1.0, verified_fraction=0.0) == 1.0
+  alpha = cost_model.break_even_alpha(1, 0.2, 1.0)
+  assert cost_model.predicted_speedup(alpha, 1, 0.2, 1.0) == pytest.approx(1.0)
+  assert np.isnan(cost_model.break_even_alpha(1, 2.0, 1.0))
+
+
+def test_measured_costs_on_a_tiny_model():
+  cfg, params = testing.tiny_model(seed=3, n_layers=4)
+  draft_cfg, draft = truncated_target(cfg, params, 1)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=ModelDrafter(draft_cfg),
+                  draft_params=draft)
+  c = costs.measure(engine, batch=2, slots=128, gammas=(1, 4), repeats=3)
+  assert c.target_ms > 0 and set(c.draft_ms) == set(c.verify_ms) == {1, 4}
+  assert c.draft_ms[4] > c.draft_ms[1] > 0  # four draft forwards cost more than one
+  assert c.units(0) == (0.0, 1.0) and c.table()[4] == c.units(4)
+  assert c.c == pytest.approx(c.draft_ms[4] / 4 / c.target_ms)
+  lookup = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
+  assert costs.measure(lookup, batch=1, slots=128, gammas=(2,), repeats=2).draft_ms[2] > 0
+  with pytest.raises(ValueError, match='needs an engine with a drafter'):
+    costs.measure(Engine(params, cfg, eos_id=-1, cache_size=128), 1, 128, (1,))
