@@ -120,6 +120,7 @@ def main():
                       'ratio': draft_ms / target_ms}}
   print(f'draft step {draft_ms:.2f} ms = {100 * draft_ms / target_ms:.1f}% of the target\'s '
         f'{target_ms:.2f} ms', flush=True)
+  meta = _meta(args, label, info)
   init_engine = None
   if args.compare_init:
     init_engine = Engine(target.params, target.cfg, eos_id=target.tokenizer.eos_id,
@@ -146,17 +147,25 @@ def main():
             + (f'; before distillation {res0["acceptance_rate"]:.3f} ({res0["speedup"]:.2f}x)'
                if init_engine is not None else ''), flush=True)
     results[f'{name}_T{temp:g}'] = row
+    save(args.out, meta, results)
   if args.transformers:
     results['transformers'] = compare_transformers(target, drafter, draft_params, sets, gammas,
                                                    args.max_new, results)
-  meta = {'date': datetime.date.today().isoformat(),
+    save(args.out, meta, results)
+
+
+def save(folder, meta, results):
+  out = pathlib.Path(folder)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / 'results.json').write_text(json.dumps({'meta': meta, 'results': results}, indent=2))
+
+
+def _meta(args, label, info):
+  return {'date': datetime.date.today().isoformat(),
           'commit': subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
                                    text=True).stdout.strip(),
           'machine': f'{os.cpu_count()} cores, jax {jax.__version__}', 'draft': label,
           'info': info, 'max_new': args.max_new, 'num_prompts': args.num_prompts}
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / 'results.json').write_text(json.dumps({'meta': meta, 'results': results}, indent=2))
 
 
 def compare_transformers(target, drafter, draft_params, sets, gammas, max_new, results):
