@@ -16,9 +16,12 @@ of `group` consecutive rows sharing a prompt. Each row drafts from its group:
      another path, `self_weight` for the row's own lookup); the draft is the heaviest
      path, followed greedily from the root while some candidate supports it.
 
-Proposals are deterministic functions of the tokens decoded so far (q is one-hot), so
-every verifier keeps each row distributed exactly as the target: the draft depends on
-the other rows' past, never on their future. Iterations in which no row of the batch
+With `proposal='mode'` the draft is a deterministic function of the tokens decoded so
+far (q is one-hot); with `proposal='sample'` (temperature > 0 only) the path is drawn
+edge by edge in proportion to the votes and q is the vote distribution. Either way
+every verifier keeps each row distributed exactly as the target, and the rows stay
+independent: a draft depends on the other rows' past, never on their future, and each
+row's verification uses its own randomness. Iterations in which no row of the batch
 has a candidate run a plain one-token step (`skip_when_empty`). All array code with
 static shapes, traced inside the decoding loop.
 """
