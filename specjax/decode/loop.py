@@ -87,19 +87,29 @@ def prefill(params, prompt_tokens, prompt_lens, max_new, key, control=None, *,
 
 
 def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, method: Method,
-               sampling):
+               sampling, pending: bool = False):
   """One draft-and-verify round with `gamma` draft tokens (0: a plain step).
 
   Returns (new tokens [B, width + 1] of which accepted + 1 count, accepted [B],
-  drafted [B], target cache, draft state).
+  drafted [B], target cache, draft state). With `pending` (inside a lax.cond or
+  lax.switch), the target cache is only read, and the fourth output is the new keys and
+  values of width + 1 slots (see llama.forward_hidden_pending), to be written after.
   """
   k_draft, k_verify = jax.random.split(key)
   last = state.last_tokens[:, None]  # [B, 1]
   draft_state = state.extra['draft']
   target = params['target']
 
+  def target_forward(tokens):
+    if not pending:
+      return llama.forward(target, tokens, state.cache, cfg)
+    hidden, (ks, vs) = llama.forward_hidden_pending(target, tokens, state.cache, cfg)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, width + 1 - tokens.shape[1]), (0, 0), (0, 0)))
+    return (llama.logits_from_hidden(target, hidden, cfg),
+            ([pad(k) for k in ks], [pad(v) for v in vs]))
+
   def plain(_):
-    logits, cache = llama.forward(target, last, state.cache, cfg)
+    logits, cache = target_forward(last)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(state.num_generated)
     return jnp.pad(token, ((0, 0), (0, width))), zeros, zeros, cache
@@ -111,7 +121,7 @@ def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, 
 
   def speculative(_):
     inputs = jnp.concatenate([last, draft], 1)
-    logits, cache = llama.forward(target, inputs, state.cache, cfg)  # [B, K+1, V]
+    logits, cache = target_forward(inputs)  # [B, K+1, V]
     p = sampling_lib.probabilities(logits, sampling)
     accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
     offsets = jnp.arange(gamma + 1)
@@ -132,8 +142,11 @@ def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
          sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
   """One iteration for every row (done rows compute but do not change)."""
   key, sub = jax.random.split(state.key)
+  # Branching iterations leave the target cache read-only inside the branches and write
+  # the new entries once after them: XLA would otherwise copy the whole cache.
+  branching = method.adaptive is not None or getattr(method.drafter, 'skip_when_empty', False)
   run = functools.partial(_iteration, params, state, width=method.gamma, key=sub, cfg=cfg,
-                          method=method, sampling=sampling)
+                          method=method, sampling=sampling, pending=branching)
   extra = dict(state.extra)
   if method.adaptive is None:
     new_tokens, accepted, drafted, cache, draft_state = run(method.gamma)
@@ -146,6 +159,8 @@ def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
     extra['control'] = adaptive_lib.update(method.adaptive, ctrl, ran,
                                            jnp.where(active, accepted, 0),
                                            jnp.where(active, drafted, 0))
+  if branching:
+    cache = llama.write_pending(state.cache, cache)
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
   extra['accepted'] = record(extra['accepted'], accepted)
   extra['drafted'] = record(extra['drafted'], drafted)

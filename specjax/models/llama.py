@@ -190,6 +190,58 @@ def forward_hidden(params: Params, tokens: jax.Array, cache: KVCache, cfg: Llama
   return x, KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
 
 
+def forward_hidden_pending(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
+                           layers: tuple[int, ...] | None = None):
+  """forward_hidden that leaves the cache untouched and returns the new keys and values.
+
+  Returns (hidden [B, T, D], (k, v)): per layer [B, T, G, H] entries for slots
+  lengths .. lengths + T - 1 (None for skipped layers), to be written with
+  `write_pending`. Attention covers the cache's first `lengths` slots plus the new
+  entries, exactly as `forward_hidden` after its write. Inside a lax.cond / lax.switch
+  this keeps the (large) cache a read-only operand: XLA then need not copy it for every
+  branch, and the one write happens after the branch.
+  """
+  b, t = tokens.shape
+  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
+  old_mask = jnp.arange(cache.size)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
+  old_mask = jnp.broadcast_to(old_mask, (b, t, cache.size))
+  new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
+  mask = jnp.concatenate([old_mask, new_mask], axis=2)  # [B, T, S + T]
+  cos, sin = rope_tables(positions, h, cfg.rope_base)
+  x = jnp.take(params['embed'], tokens, axis=0)
+  new_k: list[Any] = [None] * cfg.n_layers
+  new_v: list[Any] = [None] * cfg.n_layers
+  for i in (range(cfg.n_layers) if layers is None else layers):
+    p = params['layers'][i]
+    y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
+    q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
+    k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
+    v = (y @ p['wv']).reshape(b, t, g, h)
+    new_k[i], new_v[i] = k, v
+    keys = jnp.concatenate([cache.k[i], k.astype(cache.k[i].dtype)], axis=1)
+    values = jnp.concatenate([cache.v[i], v.astype(cache.v[i].dtype)], axis=1)
+    attn = attention(q, keys, values, mask)
+    x = x + attn.reshape(b, t, n * h) @ p['wo']
+    y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
+    x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
+  x = rms_norm(x, params['final_norm'], cfg.norm_eps)
+  return x, (new_k, new_v)
+
+
+def write_pending(cache: KVCache, pending, count: jax.Array | int | None = None) -> KVCache:
+  """Writes `pending` (from forward_hidden_pending) at each row's length; lengths += T.
+
+  Entries are written at slots lengths .. lengths + T - 1 (past the end: dropped).
+  """
+  new_k, new_v = pending
+  t = next(k for k in new_k if k is not None).shape[1]
+  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)
+  ks = [c if k is None else _write(c, k, positions) for c, k in zip(cache.k, new_k)]
+  vs = [c if v is None else _write(c, v, positions) for c, v in zip(cache.v, new_v)]
+  return KVCache(k=ks, v=vs, lengths=cache.lengths + t)
+
+
 def logits_from_hidden(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
   """Output head: hidden [..., D] -> float32 logits [..., V]."""
   if cfg.tie_embeddings:
