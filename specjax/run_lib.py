@@ -164,32 +164,44 @@ COST_GAMMAS = (1, 2, 4, 8)  # always measured, so the cost model can suggest any
 
 
 def measure_costs(config, engines, methods, slots: int, say) -> dict[str, costs_lib.Costs]:
-  """Per draft: the measured cost of proposing and verifying each gamma (target shared)."""
-  out, target = {}, {}
+  """Per draft: the measured cost of proposing and verifying each gamma (target shared).
+
+  Every piece is timed alone inside a jitted loop, in rounds (each piece once per round,
+  so a burst of other work hits them alike), and costs its fastest round.
+  """
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
+  b = config.batch_size
+  start = time.perf_counter()
+  gammas, pieces = {}, {}
+  base, _ = engines['']
+  pieces['step', 0] = costs_lib.timer_forward(base.params, base.cfg, b, 1, slots)
   for spec, (engine, _) in engines.items():
     if not spec:
       continue
-    gammas = sorted(set(COST_GAMMAS) | set(config.adaptive_gammas)
-                    | {m.gamma for m in methods if m.draft == spec and m.gamma})
-    gammas = [g for g in gammas if g + 1 < slots]
-    start = time.perf_counter()
-    if not target:
-      target['step'] = costs_lib.forward_ms(engine.params, engine.cfg, config.batch_size, 1,
-                                            slots, repeats=5)
-    for g in gammas:
-      if g not in target:
-        target[g] = costs_lib.forward_ms(engine.params, engine.cfg, config.batch_size, g + 1,
-                                         slots, repeats=5)
-    draft = {g: costs_lib.propose_ms(engine.drafter, engine.draft_params, engine.params,
-                                     engine.cfg, config.batch_size, g, slots, sampling,
-                                     repeats=5) for g in gammas}
-    out[spec] = costs_lib.Costs(batch=config.batch_size, slots=slots, target_ms=target['step'],
-                                draft_ms=draft, verify_ms={g: target[g] for g in gammas})
-    say(f'costs of {spec} (batch {config.batch_size}, {slots} slots, '
-        f'{time.perf_counter() - start:.0f} s to measure): target step '
-        f'{target["step"]:.2f} ms, c = {out[spec].c:.3f}, verify/step = ' + ', '.join(
-            f'{g}: {out[spec].units(g)[1]:.2f}' for g in gammas))
+    wanted = (set(COST_GAMMAS) | set(config.adaptive_gammas)
+              | {m.gamma for m in methods if m.draft == spec and m.gamma})
+    gammas[spec] = sorted(g for g in wanted if g + 1 < slots)
+    for g in gammas[spec]:
+      if ('verify', g) not in pieces:
+        pieces['verify', g] = costs_lib.timer_forward(base.params, base.cfg, b, g + 1, slots)
+      pieces[spec, g] = costs_lib.timer_propose(engine.drafter, engine.draft_params,
+                                                engine.params, engine.cfg, b, g, slots, sampling)
+  best = {k: float('inf') for k in pieces}
+  for _ in range(5):
+    for k, run in pieces.items():
+      best[k] = min(best[k], run())
+  out = {spec: costs_lib.Costs(batch=b, slots=slots, target_ms=best['step', 0],
+                               draft_ms={g: best[spec, g] for g in gs},
+                               verify_ms={g: best['verify', g] for g in gs})
+         for spec, gs in gammas.items()}
+  if out:
+    say(f'costs measured in {time.perf_counter() - start:.0f} s (batch {b}, {slots} slots): '
+        f'target step {best["step", 0]:.2f} ms; verify/step ' + ', '.join(
+            f'{g}: {best["verify", g] / best["step", 0]:.2f}'
+            for g in sorted(k[1] for k in pieces if k[0] == 'verify')))
+  for spec, c in out.items():
+    say(f'  {spec}: c = {c.c:.3f}; draft/step ' + ', '.join(
+        f'{g}: {c.units(g)[0]:.2f}' for g in gammas[spec]))
   return out
 
 
@@ -317,6 +329,22 @@ def count_near_ties(engine: Engine, encoded, recs, baseline, threshold: float = 
   return ties
 
 
+def per_token_alpha(recs) -> float | None:
+  """The per-token acceptance probability alpha of the cost model (None without drafts).
+
+  Under its model each draft token is accepted with probability alpha until the first
+  rejection, so an iteration that kept k of gamma is k successes and (k < gamma) one
+  failure, and successes / (successes + failures) is the maximum-likelihood alpha.
+  (acceptance_rate, accepted / drafted, also counts the positions after a rejection,
+  which were never tested, and is lower.)
+  """
+  pairs = [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+  if not pairs:
+    return None
+  successes = sum(a for a, _ in pairs)
+  return successes / max(successes + sum(a < d for a, d in pairs), 1)
+
+
 def method_summary(recs, baseline, compile_seconds) -> dict:
   new = sum(r['new_tokens'] for r in recs)
   lat = [r['latency_ms'] for r in recs]
@@ -327,6 +355,7 @@ def method_summary(recs, baseline, compile_seconds) -> dict:
   return {
       'gamma': recs[0]['gamma'], 'new_tokens': new,
       'acceptance_rate': sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
+      'alpha': per_token_alpha(recs),
       'tokens_per_call': new / max(sum(r['target_calls'] for r in recs), 1),
       'decode_tokens_per_second': (new - len(recs)) / max(decode_s, 1e-9),
       'tokens_per_second': new / max(sum(r['latency_ms'] for r in batches) / 1e3, 1e-9),
@@ -352,7 +381,7 @@ def predict(m: dict, recs, costs: costs_lib.Costs, method: MethodSpec) -> dict:
   (plus the search, for a fixed-gamma lookup). The same units give the predicted split
   of an iteration's time into draft, verify and the rest.
   """
-  alpha = m['acceptance_rate'] or 0.0
+  alpha = m['alpha'] or 0.0
   table = costs.table()
   tokens = units = draft_ms = verify_ms = 0.0
   n = 0
@@ -386,18 +415,17 @@ def best_gamma_per_category(summary, costs) -> dict:
     table = c.table()
     out[spec] = {}
     for cat in ['all', *summary['methods']['autoregressive']['categories']]:
-      accepted = drafted = 0.0
+      successes = trials = 0.0
       for name, m in summary['methods'].items():
         if not name.startswith(spec + '@'):
           continue
         sub = m if cat == 'all' else m['categories'][cat]
-        if sub['acceptance_rate'] is not None:
-          tokens = sub['_drafted']
-          accepted += sub['acceptance_rate'] * tokens
-          drafted += tokens
-      if not drafted:
+        if sub['alpha'] is not None:  # pooled over the draft's methods, by drafted tokens
+          successes += sub['alpha'] * sub['_drafted']
+          trials += sub['_drafted']
+      if not trials:
         continue
-      alpha = accepted / drafted
+      alpha = successes / trials
       gamma, speedup = cost_model.best_gamma(alpha, table)
       out[spec][cat] = {'alpha': alpha, 'gamma': gamma, 'predicted_speedup': speedup}
   return out
@@ -451,17 +479,21 @@ def summarize(config, model, records, compile_seconds, drafts=None, methods=None
 
 
 def format_table(summary) -> str:
-  head = (f'{"method":<26}{"accept":>7}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
+  greedy = summary['temperature'] == 0
+  head = (f'{"method":<26}{"accept":>7}{"alpha":>6}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
           f'{"predicted":>10}{"p50 ms":>8}{"p99 ms":>8}{"ms/tok p99":>11}{"mismatch":>9}')
   lines = [head]
   for name, m in summary['methods'].items():
     acc = '-' if m['acceptance_rate'] is None else f'{m["acceptance_rate"]:.2f}'
+    alpha = '-' if m['alpha'] is None else f'{m["alpha"]:.2f}'
     pred = f'{m["predicted_speedup"]:.2f}x' if 'predicted_speedup' in m else '-'
-    lines.append(f'{name:<26}{acc:>7}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
+    mismatch = m['greedy_mismatches'] if greedy else '-'
+    lines.append(f'{name:<26}{acc:>7}{alpha:>6}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
                  f'{m["speedup"]:>7.2f}x{pred:>10}{m["latency_ms"]["p50"]:>8.0f}'
                  f'{m["latency_ms"]["p99"]:>8.0f}{m["latency_ms_per_token"]["p99"]:>11.1f}'
-                 f'{m["greedy_mismatches"]:>9}')
-  lines.append('(speedup: end to end, prefill included; predicted: the cost model on the decode '
+                 f'{mismatch:>9}')
+  lines.append('(accept: accepted / drafted tokens; alpha: per-token acceptance probability; '
+               'speedup: end to end, prefill included; predicted: the cost model on the decode '
                'loop, compare with decode_speedup in results.json)')
   return '\n'.join(lines)
 
