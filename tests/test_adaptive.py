@@ -89,14 +89,17 @@ def drafts(target):
   cfg, params = target
   small_cfg, small = testing.tiny_model(seed=11, n_layers=1, d_model=16, n_heads=2, n_kv_heads=1)
   trunc_cfg, trunc = truncated_target(cfg, params, 1)
+  from specjax.drafters.distilled import DistilledDrafter, init_from_target
+  dist_cfg, dist = init_from_target(cfg, params, (0,), np.arange(0, cfg.vocab_size, 2))
   return {'random tiny model': (ModelDrafter(small_cfg), small),
+          'reduced-vocabulary draft': (DistilledDrafter(dist_cfg), dist),
           'truncated target': (ModelDrafter(trunc_cfg), trunc),
           'skip layers': (ModelDrafter(cfg, layers=(0, 2)), params),
           'prompt lookup': (NgramDrafter(cfg.vocab_size), None)}
 
 
 @pytest.mark.parametrize('name', ['random tiny model', 'truncated target', 'skip layers',
-                                  'prompt lookup'])
+                                  'reduced-vocabulary draft', 'prompt lookup'])
 def test_adaptive_greedy_equals_target_greedy(target, name):
   engine = engine_with(target, *drafts(target)[name])
   reference = engine.generate(PROMPTS, 40).tokens

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decode import sampling as sampling_lib
-from specjax.drafters.model import ModelDrafter, last_two_tokens
+from specjax.drafters.model import ModelDrafter
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
@@ -88,10 +88,12 @@ class DistilledDrafter(ModelDrafter):
 
   label: str = 'distilled draft'
 
+  def _forward(self, params, tokens, cache):
+    return subset_logits(params, tokens, cache, self.cfg)  # [B, T, K]: the draft vocabulary
+
   def propose(self, params, draft_state, state, key, gamma, sampling):
-    cache, ids = draft_state.cache, params['vocab_ids']
-    logits, cache = subset_logits(params, last_two_tokens(draft_state, state), cache, self.cfg)
-    logits = logits[:, -1]
+    ids = params['vocab_ids']
+    logits, cache = self.first_logits(params, draft_state, state)  # catches up when behind
     tokens, dists = [], []
     for i, k in enumerate(jax.random.split(key, gamma)):
       probs = sampling_lib.probabilities(logits, sampling)  # [B, K]
