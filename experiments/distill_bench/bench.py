@@ -10,7 +10,8 @@ decoding, specjax speculative decoding with the draft at each gamma, the same dr
 architecture before distillation (its initialisation from the target, --compare_init),
 and transformers (torch, CPU) greedy decoding with and without `assistant_model` = the
 draft exported to a Hugging Face directory (full-vocabulary head with zero columns outside
-the draft vocabulary: same greedy choices), all on the same prompts, prompt by prompt.
+the draft vocabulary: same greedy choices), all on the same prompts in the same run, one method
+after another over the prompt set.
 The draft's per-token cost is timed against the target's step in the same run.
 """
 
