@@ -160,7 +160,7 @@ def build_engines(config, model: loader.LoadedModel,
   return engines
 
 
-COST_GAMMAS = (1, 2, 4, 8)  # always measured, so the cost model can suggest any of them
+COST_GAMMAS = (1, 2, 4)  # always measured (with every gamma a method uses) for the cost model
 
 
 def measure_costs(config, engines, methods, slots: int, say) -> dict[str, costs_lib.Costs]:

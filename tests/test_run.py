@@ -101,7 +101,7 @@ def test_results_schema_and_method_selection(tmp_path):
   assert set(summary['costs']) == {'truncated:1', 'ngram'}
   for _spec, costs in summary['costs'].items():
     assert costs['target_ms'] > 0 and costs['c'] > 0
-    assert set(costs['draft_ms']) >= {'1', '2', '4', '8'}
+    assert set(costs['draft_ms']) >= {'1', '2', '4'}
   for name, m in summary['methods'].items():
     assert REQUIRED | {'compile_seconds', 'near_ties', 'categories'} <= set(m), name
     for q in ('p50', 'p90', 'p99'):
@@ -115,7 +115,7 @@ def test_results_schema_and_method_selection(tmp_path):
   assert summary['methods']['truncated:1@adaptive']['adaptive'] is True
   for _spec, cats in summary['best_gamma'].items():
     for b in cats.values():
-      assert b['gamma'] in (0, 1, 2, 4, 8) and 0 <= b['alpha'] <= 1
+      assert b['gamma'] in (0, 1, 2, 4) and 0 <= b['alpha'] <= 1
 
 
 def test_advisor(tmp_path):
@@ -194,7 +194,7 @@ def test_command_line_overrides_and_errors(tmp_path):
 def test_readme_command_answers_paris(tmp_path):
   out = subprocess.run([sys.executable, '-m', 'specjax.run', '--config', 'configs/smollm2.py',
                         '--config.prompt=What is the capital of France?', '--workdir',
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
   assert 'tok/s' in out.stdout
