@@ -24,12 +24,12 @@ def run(config, segments, seed=0, batch=1):
 def test_turns_off_when_acceptance_collapses_and_back_on_when_it_recovers():
   config = adaptive.AdaptiveConfig(**COSTS)
   for seed in range(3):
-    gammas, _ = run(config, [(0.8, 300), (0.02, 300), (0.8, 300)], seed)
-    good, bad, again = gammas[:300], gammas[300:600], gammas[600:]
+    gammas, _ = run(config, [(0.8, 300), (0.02, 500), (0.8, 500)], seed)
+    good, bad, again = gammas[:300], gammas[300:800], gammas[800:]
     assert np.mean(good[50:] == 4) > 0.9  # alpha 0.8 pays best at the largest gamma
-    assert np.mean(bad[100:] == 0) > 0.9  # off, apart from probes
-    assert np.mean(bad[100:] > 0) <= 1 / config.probe_every + 0.02
-    assert np.mean(again[100:] > 0) > 0.95  # probes noticed the recovery
+    assert np.mean(bad[100:] == 0) > 0.95  # off, apart from probes...
+    assert np.mean(bad[200:] > 0) <= 0.02  # ...which back off while they fail
+    assert np.mean(again[250:] > 0) > 0.95  # probes noticed the recovery
 
 
 def test_no_flapping():
@@ -44,9 +44,9 @@ def test_without_hysteresis_the_same_sequence_flaps_more():
   # The no-flapping test has power: hysteresis is what keeps the switches down.
   loose = adaptive.AdaptiveConfig(**COSTS, hysteresis=0.0, decay=0.7)
   tight = adaptive.AdaptiveConfig(**COSTS)
-  _, ctrl_loose = run(loose, [(0.2, 2000)], seed=2)
-  _, ctrl_tight = run(tight, [(0.2, 2000)], seed=2)
-  assert int(ctrl_loose.toggles) > 5 * max(int(ctrl_tight.toggles), 1)
+  _, ctrl_loose = run(loose, [(0.25, 2000)], seed=2)
+  _, ctrl_tight = run(tight, [(0.25, 2000)], seed=2)
+  assert int(ctrl_loose.toggles) > 3 * max(int(ctrl_tight.toggles), 1)
 
 
 def test_a_draft_that_never_pays_stays_off():

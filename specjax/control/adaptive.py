@@ -12,9 +12,12 @@ and moves to the best one only when it beats the current choice by a factor
 that margin, and back on only when one pays by it, so estimates hovering near
 break-even do not flap.
 
-While off, nothing is learned, so every `probe_every` plain steps the controller runs
-one speculative iteration at the best draft length (a probe); probes are how it notices
-that drafts pay again. Everything is jnp code inside the jitted loop: no host decision.
+While off, nothing is learned, so after `probe_every` plain steps the controller runs
+one speculative iteration at the smallest draft length (a probe); probes are how it
+notices that drafts pay again. Each probe that leaves it off doubles the wait before the
+next (up to `probe_every * probe_backoff` steps), so a draft that never pays costs
+little more than plain decoding; a probe that kept all its draft tokens, or turning on,
+resets the wait. Everything is jnp code inside the jitted loop: no host decision.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class AdaptiveConfig:
   prior_weight: float = 0.5
   hysteresis: float = 0.1
   probe_every: int = 16
-  probe_largest: bool = True  # probe with the largest gamma (most evidence) or the smallest
+  probe_backoff: int = 8  # the wait between probes grows up to probe_every * probe_backoff
+  probe_largest: bool = False  # probe with the largest gamma (more evidence, dearer)
   start_on: bool = True  # start at the best predicted gamma under the prior (else off)
 
   def __post_init__(self):
@@ -65,8 +69,8 @@ class AdaptiveConfig:
       raise ValueError(f'adaptive decay must lie in (0, 1], got {self.decay}')
     if not 0 <= self.prior_alpha <= 1 or self.prior_weight <= 0:
       raise ValueError('adaptive prior needs 0 <= prior_alpha <= 1 and prior_weight > 0')
-    if self.hysteresis < 0 or self.probe_every < 1:
-      raise ValueError('adaptive hysteresis must be >= 0 and probe_every >= 1')
+    if self.hysteresis < 0 or self.probe_every < 1 or self.probe_backoff < 1:
+      raise ValueError('adaptive hysteresis must be >= 0, probe_every and probe_backoff >= 1')
 
   @classmethod
   def from_costs(cls, costs, gammas=None, **kwargs) -> AdaptiveConfig:
@@ -75,6 +79,11 @@ class AdaptiveConfig:
     units = [costs.units(g) for g in gammas]
     return cls(gammas=gammas, draft_cost=tuple(round(d, 4) for d, _ in units),
                verify_cost=tuple(round(v, 4) for _, v in units), **kwargs)
+
+  @property
+  def max_wait(self) -> int:
+    """The most plain steps in a row (a draft model's cache may lag this far behind)."""
+    return self.probe_every * self.probe_backoff
 
   @property
   def choices(self) -> tuple[int, ...]:
@@ -88,6 +97,7 @@ class ControlState:
   failures: jax.Array  # [] float32, decayed
   choice: jax.Array  # [] int32 index into config.choices: the current setting
   since_probe: jax.Array  # [] int32 plain steps since the last speculative iteration
+  wait: jax.Array  # [] int32 plain steps before the next probe
   switches: jax.Array  # [] int32 changes of setting so far
   toggles: jax.Array  # [] int32 of which between off (gamma 0) and on
 
@@ -118,7 +128,9 @@ def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Arra
 def init(config: AdaptiveConfig) -> ControlState:
   zero = jnp.zeros((), jnp.float32)
   ctrl = ControlState(successes=zero, failures=zero, choice=jnp.zeros((), jnp.int32),
-                      since_probe=jnp.zeros((), jnp.int32), switches=jnp.zeros((), jnp.int32),
+                      since_probe=jnp.zeros((), jnp.int32),
+                      wait=jnp.asarray(config.probe_every, jnp.int32),
+                      switches=jnp.zeros((), jnp.int32),
                       toggles=jnp.zeros((), jnp.int32))
   if config.start_on:
     best = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
@@ -129,7 +141,7 @@ def init(config: AdaptiveConfig) -> ControlState:
 def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
   """The branch to run this iteration: the current choice, or a probe when off for long."""
   probe = jnp.int32(len(config.gammas) if config.probe_largest else 1)
-  due = (ctrl.choice == 0) & (ctrl.since_probe >= config.probe_every)
+  due = (ctrl.choice == 0) & (ctrl.since_probe >= ctrl.wait)
   return jnp.where(due, probe, ctrl.choice)
 
 
@@ -140,13 +152,22 @@ def update(config: AdaptiveConfig, ctrl: ControlState, ran: jax.Array, accepted:
   observed = jnp.any(tried)
   s = jnp.sum(jnp.where(tried, accepted, 0)).astype(jnp.float32)
   f = jnp.sum(tried & (accepted < drafted)).astype(jnp.float32)
-  decay = jnp.where(observed, config.decay, 1.0)
+  # Evidence ages with time, not only with observations: after a gap of plain steps a
+  # probe weighs more against the stale counts.
+  age = 1.0 + ctrl.since_probe.astype(jnp.float32) / config.probe_every
+  decay = jnp.where(observed, config.decay ** age, 1.0)
   successes = decay * ctrl.successes + s
   failures = decay * ctrl.failures + f
   ctrl = ctrl.replace(successes=successes, failures=failures,
                       since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0))
   new = _decide(config, ctrl.choice, alpha(config, ctrl))
-  return ctrl.replace(choice=new, switches=ctrl.switches + (new != ctrl.choice),
+  probed = (ctrl.choice == 0) & (ran != 0)
+  # A probe that kept every draft token asks for another soon; one that failed backs off.
+  clean = (f == 0) & (s > 0)
+  backoff = jnp.where(clean, config.probe_every, jnp.minimum(2 * ctrl.wait, config.max_wait))
+  wait = jnp.where(new != 0, config.probe_every, jnp.where(probed, backoff, ctrl.wait))
+  return ctrl.replace(choice=new, wait=wait.astype(jnp.int32),
+                      switches=ctrl.switches + (new != ctrl.choice),
                       toggles=ctrl.toggles + ((new == 0) != (ctrl.choice == 0)))
 
 

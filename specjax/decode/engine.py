@@ -184,7 +184,7 @@ class Engine:
                        f'temperature {sampling.temperature}: use rejection or block')
     drafter = self.drafter if gamma else None
     if adaptive is not None:
-      drafter = drafter.resyncing(adaptive.probe_every)
+      drafter = drafter.resyncing(adaptive.max_wait)
     return Method(gamma=gamma, verifier=verifier, drafter=drafter, adaptive=adaptive)
 
   def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int] = 64,

@@ -8,14 +8,16 @@ setting lengths = prompt + emitted - 2, whatever k was (all gamma kept included)
 
 Under adaptive control some iterations are plain target steps that skip the draft, so
 the draft cache falls behind. A drafter made with `resync=W` then first feeds the
-missing tokens (up to W of them, in one (W + 2)-token chunk, only on iterations where a
-row lags), so drafting resumes from a complete cache. The cache length always records
+missing tokens (up to W of them, in one chunk of 16, 32, ... tokens, the smallest that
+covers the lag, only on iterations where a row lags), so drafting resumes from a
+complete cache. The cache length always records
 how far the cache is actually filled, so the lag is known without extra state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -85,9 +87,9 @@ class ModelDrafter(Drafter):
     """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
     return llama.forward(params, tokens, cache, self.cfg, self.layers)
 
-  def _catch_up(self, params, draft_state, state):
-    """Feeds the (W + 2) tokens from the filled length on; returns (last logits, cache)."""
-    w = self.resync + 2
+  def _catch_up(self, params, draft_state, state, window: int):
+    """Feeds (window + 2) tokens from the filled length on; returns (last logits, cache)."""
+    w = window + 2
     pos = state.prompt_lens + state.num_generated  # context length
     start = jnp.maximum(draft_state.cache.lengths, pos - w)  # lag > W leaves a hole (lossless)
     absolute = start[:, None] + jnp.arange(w)
@@ -113,9 +115,13 @@ class ModelDrafter(Drafter):
 
     if not self.resync:
       return in_step(None)
-    behind = jnp.any(draft_state.cache.lengths < state.prompt_lens + state.num_generated - 2)
-    return jax.lax.cond(behind, lambda _: self._catch_up(params, draft_state, state), in_step,
-                        None)
+    # Chunks of 16, 32, ... up to `resync` missing tokens: the smallest that covers the lag.
+    windows = [16 << i for i in range(8) if 16 << i < self.resync] + [self.resync]
+    lag = jnp.max(state.prompt_lens + state.num_generated - 2 - draft_state.cache.lengths)
+    branch = jnp.where(lag > 0, 1 + jnp.sum(lag > jnp.asarray(windows[:-1])), 0)
+    catch_ups = [functools.partial(lambda w, _: self._catch_up(params, draft_state, state, w), w)
+                 for w in windows]
+    return jax.lax.switch(branch, [in_step, *catch_ups], None)
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     logits, cache = self.first_logits(params, draft_state, state)
