@@ -15,7 +15,7 @@ run() {
 run poor_writing_t1 --config.prompts=mtbench:writing --config.num_prompts=8 \
   --config.temperature=1.0 --config.drafts='("truncated:4", "ngram", "distilled")' --config.gammas='(1, 4)'
 # HumanEval, greedy: adaptive against every fixed gamma it can choose from.
-run humaneval_ngram --config.prompts=humaneval --config.num_prompts=8 \
+run humaneval --config.prompts=humaneval --config.num_prompts=8 \
   --config.drafts='("ngram", "distilled")' --config.gammas='(1, 2, 4)' --config.adaptive_gammas='(1, 2, 4)'
 # Code editing (answers repeat the prompt): where prompt lookup pays most.
 run code_edit_ngram --config.prompts=code_edit --config.num_prompts=8 \
