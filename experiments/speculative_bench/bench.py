@@ -21,45 +21,14 @@ import os
 import pathlib
 import platform
 import subprocess
-import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
+from specjax.control.costs import forward_ms
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 from specjax.decode.sampling import SamplingConfig
-from specjax.models import llama, loader
-from specjax.models.kv_cache import KVCache
-
-
-def forward_ms(params, cfg, batch, tokens, slots, inner=16, repeats=7) -> float:
-  """Median milliseconds of one forward of `tokens` new tokens per row.
-
-  Runs `inner` forwards inside one jitted fori_loop (each feeding on the previous one's
-  cache and output, so none can be skipped) to leave out per-call dispatch, which the
-  decoding loop does not pay either.
-  """
-  def many(p, x, cache):
-    def body(_, carry):
-      x, cache, acc = carry
-      logits, new_cache = llama.forward(p, x, cache, cfg)
-      # Feed a token derived from the output back in; keep the cache length fixed.
-      x = (x + jnp.argmax(logits[:, -1:], -1).astype(x.dtype)) % cfg.vocab_size
-      return x, new_cache.with_lengths(cache.lengths), acc + logits[:, -1, 0]
-    return jax.lax.fori_loop(0, inner, body, (x, cache, jnp.zeros(x.shape[:1])))[2]
-
-  fn = jax.jit(many)
-  cache = KVCache.init(cfg, batch, slots).with_lengths(jnp.full((batch,), slots // 2))
-  x = jnp.ones((batch, tokens), jnp.int32)
-  fn(params, x, cache).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn(params, x, cache).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 1e3 * float(np.median(times)) / inner
+from specjax.models import loader
 
 
 def run_setting(engine, prompts, batch, sampling, gammas, max_new, seed=0):

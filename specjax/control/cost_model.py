@@ -19,7 +19,7 @@ copy of the same two formulas (`specjax/control/adaptive.py`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -84,9 +84,3 @@ def break_even_alpha(gamma: int, draft_cost: float, verify_cost: float) -> float
     mid = (lo + hi) / 2
     lo, hi = (mid, hi) if predicted_speedup(mid, gamma, draft_cost, verify_cost) < 1 else (lo, mid)
   return (lo + hi) / 2
-
-
-def table(alpha: float, costs: Mapping[int, tuple[float, float]],
-          gammas: Sequence[int] | None = None) -> dict[int, float]:
-  """Predicted speedup for each gamma (default: every gamma with measured costs)."""
-  return {g: float(predicted_speedup(alpha, g, *costs[g])) for g in (gammas or sorted(costs))}
