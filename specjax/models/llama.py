@@ -154,6 +154,29 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
   return out.reshape(b, t, n, h)
 
 
+def attention_split(q: jax.Array, k_old: jax.Array, v_old: jax.Array, mask_old: jax.Array,
+                    k_new: jax.Array, v_new: jax.Array, mask_new: jax.Array) -> jax.Array:
+  """attention() over [old slots, new entries] without concatenating them (no cache copy).
+
+  q[B, T, N, H]; k_old, v_old[B, S, G, H] with mask_old[B, T, S]; k_new, v_new[B, T', G, H]
+  with mask_new[B, T, T']. One softmax over both parts.
+  """
+  b, t, n, h = q.shape
+  g = k_old.shape[2]
+  q = q.reshape(b, t, g, n // g, h)
+  scale = h ** -0.5
+  s_old = jnp.einsum('BTGRH,BSGH->BGRTS', q, k_old).astype(jnp.float32) * scale
+  s_new = jnp.einsum('BTGRH,BSGH->BGRTS', q, k_new).astype(jnp.float32) * scale
+  s_old = jnp.where(mask_old[:, None, None], s_old, -1e30)
+  s_new = jnp.where(mask_new[:, None, None], s_new, -1e30)
+  top = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
+  p_old, p_new = jnp.exp(s_old - top), jnp.exp(s_new - top)
+  total = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
+  out = (jnp.einsum('BGRTS,BSGH->BTGRH', (p_old / total).astype(v_old.dtype), v_old)
+         + jnp.einsum('BGRTS,BSGH->BTGRH', (p_new / total).astype(v_new.dtype), v_new))
+  return out.reshape(b, t, n, h)
+
+
 def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
   """buffer[b, positions[b, t]] = new[b, t]; writes past the end are dropped."""
   rows = jnp.arange(buffer.shape[0])[:, None]
@@ -207,7 +230,6 @@ def forward_hidden_pending(params: Params, tokens: jax.Array, cache: KVCache, cf
   old_mask = jnp.arange(cache.size)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
   old_mask = jnp.broadcast_to(old_mask, (b, t, cache.size))
   new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
-  mask = jnp.concatenate([old_mask, new_mask], axis=2)  # [B, T, S + T]
   cos, sin = rope_tables(positions, h, cfg.rope_base)
   x = jnp.take(params['embed'], tokens, axis=0)
   new_k: list[Any] = [None] * cfg.n_layers
@@ -219,9 +241,8 @@ def forward_hidden_pending(params: Params, tokens: jax.Array, cache: KVCache, cf
     k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
     v = (y @ p['wv']).reshape(b, t, g, h)
     new_k[i], new_v[i] = k, v
-    keys = jnp.concatenate([cache.k[i], k.astype(cache.k[i].dtype)], axis=1)
-    values = jnp.concatenate([cache.v[i], v.astype(cache.v[i].dtype)], axis=1)
-    attn = attention(q, keys, values, mask)
+    attn = attention_split(q, cache.k[i], cache.v[i], old_mask, k.astype(cache.k[i].dtype),
+                           v.astype(cache.v[i].dtype), new_mask)
     x = x + attn.reshape(b, t, n * h) @ p['wo']
     y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
     x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
