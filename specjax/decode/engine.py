@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.control import adaptive as adaptive_lib
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.decode import loop
 from specjax.decode.loop import Method
@@ -222,6 +223,8 @@ class Engine:
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
     control = self._control.get((method, sampling))  # host copies: decode donates its state
+    if method.adaptive is not None and control is None:  # a state, never None: no recompile
+      control = jax.device_get(adaptive_lib.init(method.adaptive))
     state = self._prefill(params, self._put(tokens), self._put(lengths), self._put(max_new),
                           jax.random.key(seed), control, cfg=self.cfg, method=method,
                           sampling=sampling, eos_id=self.eos_id, cache_size=slots,
@@ -237,7 +240,7 @@ class Engine:
     switches = 0
     if method.adaptive is not None:
       final = jax.device_get(state.extra['control'])
-      switches = int(final.switches) - (0 if control is None else int(control.switches))
+      switches = int(final.switches) - int(control.switches)
       if max_new.max() > 1:  # not the warm-up run
         self._control[(method, sampling)] = final
     return GenerationOutput(
