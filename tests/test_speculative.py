@@ -208,6 +208,29 @@ def test_ngram_lookup_finds_the_most_recent_longest_match():
   assert int(last_match(ctx, length, 1)[0]) == 5  # the last earlier '6'
 
 
+def test_ngram_lookup_equals_a_brute_force_search():
+  from specjax.drafters.ngram import lookup
+
+  def reference(row, length, n_min, n_max):  # longest n first, then the most recent end
+    for n in range(n_max, n_min - 1, -1):
+      if length < n:
+        continue
+      tail = row[length - n:length]
+      for end in range(length - 2, n - 2, -1):
+        if row[end - n + 1:end + 1] == tail:
+          return end
+    return -1
+
+  rng = np.random.default_rng(0)
+  for n_min, n_max in ((1, 1), (1, 3), (2, 5), (4, 10)):
+    ctx = rng.integers(0, 3, (16, 40))
+    lengths = rng.integers(0, 41, 16)
+    ctx = np.where(np.arange(40)[None] < lengths[:, None], ctx, -1)
+    got = np.asarray(lookup(jnp.asarray(ctx), jnp.asarray(lengths), n_min, n_max))
+    want = [reference(list(r), int(n), n_min, n_max) for r, n in zip(ctx, lengths)]
+    assert got.tolist() == want, (n_min, n_max)
+
+
 def test_ngram_drafter_proposes_the_continuation(target):
   engine = ngram_engine(target)
   cfg, params = target

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import Drafter
-from specjax.drafters.ngram import NgramState, context, last_match
+from specjax.drafters.ngram import NgramState, context, lookup
 
 
 def group_candidates(ctx: jax.Array, length: jax.Array, prompt_lens: jax.Array, group: int,
@@ -216,9 +216,7 @@ class ConsensusDrafter(Drafter):
     cand = jnp.take_along_axis(others, jnp.clip(positions, 0, s - 1), 2)
     valid = (end[..., None] >= 0) & (positions < s) & (cand >= 0)
     weight = jnp.where(end >= 0, 1.0 / (1.0 + mism), 0.0)
-    own_end = jnp.full(length.shape, -1)
-    for n in range(self.n_max, 0, -1):  # the longest n with a match wins
-      own_end = jnp.where(own_end >= 0, own_end, last_match(ctx, length, n))
+    own_end = lookup(ctx, length, 1, self.n_max) if self.n_max else jnp.full(length.shape, -1)
     own_pos = own_end[:, None] + 1 + jnp.arange(gamma)
     own = jnp.take_along_axis(ctx, jnp.clip(own_pos, 0, s - 1), 1)
     own_valid = (own_end[:, None] >= 0) & (own_pos < length[:, None]) & (own >= 0)

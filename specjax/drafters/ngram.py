@@ -36,16 +36,35 @@ def context(draft_state: NgramState, state) -> tuple[jax.Array, jax.Array]:
   return ctx, state.prompt_lens + state.num_generated
 
 
-def last_match(ctx: jax.Array, length: jax.Array, n: int) -> jax.Array:
-  """[B] end index of the most recent earlier occurrence of the last n tokens, or -1."""
+def match_lengths(ctx: jax.Array, length: jax.Array, n_max: int) -> jax.Array:
+  """[B, S]: at every end j before the last token, how many of the context's last tokens
+  (up to n_max) equal the tokens ending at j, counted back from the end; 0 elsewhere."""
   s = ctx.shape[1]
   ends = jnp.arange(s)
-  pattern = jnp.take_along_axis(ctx, jnp.maximum(length[:, None] - n + jnp.arange(n), 0), 1)
-  match = (ends >= n - 1)[None] & (ends[None] < length[:, None] - 1) & (length[:, None] >= n)
-  for k in range(n):  # ctx[j - k] == pattern[n - 1 - k] for every end j
+  pattern = jnp.take_along_axis(ctx, jnp.maximum(length[:, None] - n_max + jnp.arange(n_max), 0),
+                                1)
+  run = (ends[None] < length[:, None] - 1)
+  total = jnp.zeros(ctx.shape, jnp.int32)
+  for k in range(n_max):  # ctx[j - k] == the k-th last token, for every end j
     shifted = jnp.roll(ctx, k, axis=1)
-    match &= shifted == pattern[:, n - 1 - k:n - k]
-  return jnp.max(jnp.where(match, ends[None], -1), axis=1)
+    run &= (shifted == pattern[:, n_max - 1 - k:n_max - k]) & (ends[None] >= k)
+    run &= length[:, None] > k
+    total += run
+  return total
+
+
+def lookup(ctx: jax.Array, length: jax.Array, n_min: int, n_max: int) -> jax.Array:
+  """[B] end index of the most recent earlier occurrence of the longest n-gram (n_max down to
+  n_min tokens) that ends the context, or -1 when even the last n_min tokens occur nowhere."""
+  s = ctx.shape[1]
+  total = match_lengths(ctx, length, n_max)
+  best = jnp.max(jnp.where(total >= n_min, total * s + jnp.arange(s)[None], -1), axis=1)
+  return jnp.where(best >= 0, best % s, -1)
+
+
+def last_match(ctx: jax.Array, length: jax.Array, n: int) -> jax.Array:
+  """[B] end index of the most recent earlier occurrence of the last n tokens, or -1."""
+  return lookup(ctx, length, n, n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +98,7 @@ class NgramDrafter(Drafter):
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ctx, length = context(draft_state, state)
-    end = jnp.full(length.shape, -1)
-    for n in range(self.n_max, self.n_min - 1, -1):  # the longest n with a match wins
-      end = jnp.where(end >= 0, end, last_match(ctx, length, n))
+    end = lookup(ctx, length, self.n_min, self.n_max)  # the longest n with a match wins
     found = end >= 0
     positions = end[:, None] + 1 + jnp.arange(gamma)
     positions = jnp.minimum(positions, length[:, None] - 1)  # repeat the last known token
