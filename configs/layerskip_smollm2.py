@@ -10,10 +10,7 @@ No skip set beat autoregressive decoding: this is the least slow one.
   python -m specjax.run --config configs/layerskip_smollm2.py --config.prompts=humaneval
 """
 
-import importlib.util
-import pathlib
-
-import specjax
+from specjax import config_lib
 
 MODEL = 'smollm2-135m-instruct'
 SKIPPED = (25, 26)
@@ -21,16 +18,8 @@ DRAFT = 'layers:0-24,27-29'
 GAMMA = 1
 
 
-def _base_config(arg):
-  path = pathlib.Path(specjax.__file__).resolve().parents[1] / 'configs' / 'smollm2.py'
-  spec = importlib.util.spec_from_file_location('_smollm2_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def get_config(arg: str | None = None):
-  c = _base_config(arg)
+  c = config_lib.load_config('smollm2.py', arg)
   c.model = MODEL
   c.drafts = (DRAFT,)
   c.gammas = (GAMMA,)

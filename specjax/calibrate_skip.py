@@ -206,10 +206,7 @@ over autoregressive decoding on the calibration prompts (not the evaluation sets
   python -m specjax.run --config {path} --config.prompts=humaneval
 """
 
-import importlib.util
-import pathlib
-
-import specjax
+from specjax import config_lib
 
 MODEL = {model!r}
 SKIPPED = {skipped!r}
@@ -217,16 +214,8 @@ DRAFT = {draft!r}
 GAMMA = {gamma}
 
 
-def _base_config(arg):
-  path = pathlib.Path(specjax.__file__).resolve().parents[1] / 'configs' / 'smollm2.py'
-  spec = importlib.util.spec_from_file_location('_smollm2_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def get_config(arg: str | None = None):
-  c = _base_config(arg)
+  c = config_lib.load_config('smollm2.py', arg)
   c.model = MODEL
   c.drafts = (DRAFT,)
   c.gammas = (GAMMA,)

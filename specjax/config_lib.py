@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+
 import ml_collections
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'  # the repository's
+
+
+def load_config(path: str | pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of the config file `path` (relative paths: under the repository's
+  configs/), for configs built on another one."""
+  path = pathlib.Path(path)
+  if not path.is_absolute():
+    path = CONFIGS / path
+  if not path.is_file():
+    raise FileNotFoundError(f'config file {path} not found')
+  spec = importlib.util.spec_from_file_location(f'_specjax_config_{path.stem}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:

@@ -99,7 +99,7 @@ def test_proposals_inside_the_loop_come_from_the_other_path(target):
   state = state.replace(tokens=tokens, num_generated=jnp.array([2, 5]))
   draft, q, ds = drafter.propose(None, state.extra['draft'], state, None, 3, SamplingConfig())
   assert draft[0].tolist() == [12, 13, 14] and bool(ds.found[0])
-  np.testing.assert_array_equal(q.argmax(-1), draft)
+  assert q is None  # deterministic: the loop builds one-hot q when it verifies
 
 
 @pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])

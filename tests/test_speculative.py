@@ -246,7 +246,7 @@ def test_ngram_drafter_proposes_the_continuation(target):
   if first == 12:  # '11 12' seen before: propose what followed it
     assert tokens[0].tolist() == [13, 14, 15, 16]
   assert bool(ds.found[0]) == (first in prompt)
-  np.testing.assert_array_equal(q.argmax(-1), tokens)
+  assert q is None  # deterministic: the loop builds one-hot q when it verifies
 
 
 @pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])

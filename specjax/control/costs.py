@@ -104,7 +104,7 @@ def timer_propose(drafter, draft_params, target_params, cfg: llama.LlamaConfig, 
       moved = state.replace(tokens=(state.tokens + i) % cfg.vocab_size)
       tokens, q, _ = drafter.propose(draft_params, draft_state, moved,
                                      jax.random.fold_in(state.key, i), gamma, sampling)
-      return acc + tokens[:, -1] + (q[:, -1, 0] > 0.5)
+      return acc + tokens[:, -1] + (0 if q is None else q[:, -1, 0] > 0.5)  # keep q live
     return jax.lax.fori_loop(0, inner, body, jnp.zeros((batch,), jnp.int32))
 
   return _timer(jax.jit(many), (draft_params, state.extra['draft'], state), inner)

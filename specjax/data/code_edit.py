@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import textwrap
+import warnings
 
 CANDIDATES = (
     'textwrap.dedent', 'textwrap.indent', 'textwrap.shorten', 'shlex.quote', 'shlex.join',
@@ -33,12 +34,14 @@ TEMPLATE = ('Here is a Python function from the standard library:\n\n```python\n
             'exactly the same and reply with only the code.')
 
 
-def _source(qualname: str) -> str | None:
+def stdlib_source(qualname: str) -> str | None:
   """The dedented source of a stdlib object by dotted name, or None if it has none."""
   parts = qualname.split('.')
   for split in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
     try:
-      obj = importlib.import_module('.'.join(parts[:split]))
+      with warnings.catch_warnings():  # e.g. uu: deprecated, still there before Python 3.13
+        warnings.simplefilter('ignore', DeprecationWarning)
+        obj = importlib.import_module('.'.join(parts[:split]))
     except ImportError:
       continue
     try:
@@ -54,7 +57,7 @@ def code_edit_prompts(min_lines: int = 5, max_lines: int = 40) -> list[tuple[str
   """(id, text) pairs, one per usable stdlib function, changes assigned round robin."""
   out = []
   for qualname in CANDIDATES:
-    source = _source(qualname)
+    source = stdlib_source(qualname)
     if source is None or not min_lines <= source.count('\n') <= max_lines:
       continue
     change = CHANGES[len(out) % len(CHANGES)]

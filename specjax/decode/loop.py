@@ -123,7 +123,9 @@ def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, 
     inputs = jnp.concatenate([last, draft], 1)
     logits, cache = target_forward(inputs)  # [B, K+1, V]
     p = sampling_lib.probabilities(logits, sampling)
-    accepted, nxt = verify.get(method.verifier)(p, q, draft, k_verify)
+    # A deterministic drafter's q is one-hot: built here, only when a draft is verified.
+    dists = jax.nn.one_hot(draft, p.shape[-1], dtype=p.dtype) if q is None else q
+    accepted, nxt = verify.get(method.verifier)(p, dists, draft, k_verify)
     offsets = jnp.arange(gamma + 1)
     new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
                            nxt[:, None])

@@ -7,11 +7,12 @@ decoding loop's state. Three calls, all traced inside the jitted loop:
 
   init(params, prompt_tokens[B, P], prompt_lens[B], cache_size, constrain) -> draft state
   propose(params, draft_state, state, key, gamma, sampling)
-      -> (tokens[B, gamma], q[B, gamma, V], draft_state)
+      -> (tokens[B, gamma], q[B, gamma, V] or None, draft_state)
   rollback(draft_state, state) -> draft_state      # after the verifier's commit
 
-`q` is the (warped) distribution each proposed token was drawn from: one-hot for
-deterministic drafters. `state` is the loop's DecodeState (tokens so far, lengths).
+`q` is the (warped) distribution each proposed token was drawn from; deterministic
+drafters return None for one-hot q, which the loop then builds only for the iterations
+that verify a draft. `state` is the loop's DecodeState (tokens so far, lengths).
 """
 
 from __future__ import annotations

@@ -33,8 +33,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters.base import Drafter
-from specjax.drafters.ngram import NgramState, context, lookup
+from specjax.drafters.ngram import LookupDrafter, context, lookup
 
 
 def group_candidates(ctx: jax.Array, length: jax.Array, prompt_lens: jax.Array, group: int,
@@ -144,7 +143,7 @@ def sampled_path(cand: jax.Array, valid: jax.Array, weight: jax.Array, key: jax.
 
 
 @dataclasses.dataclass(frozen=True)
-class ConsensusDrafter(Drafter):
+class ConsensusDrafter(LookupDrafter):
   """Drafts each row from the other rows of its group of `group` samples of one prompt.
 
   Attributes:
@@ -159,14 +158,12 @@ class ConsensusDrafter(Drafter):
       decoding always uses 'mode'.
   """
 
-  vocab: int
   group: int
   k: int = 4
   max_mismatches: int = 1
   n_max: int = 3
   self_weight: float = 0.75
   proposal: str = 'mode'
-  skip_when_empty: bool = True
 
   def __post_init__(self):
     if self.group < 1:
@@ -185,22 +182,14 @@ class ConsensusDrafter(Drafter):
     return (f'consensus(N={self.group}, k={self.k}, m={self.max_mismatches}, n<={self.n_max}'
             + (', sampled)' if self.proposal == 'sample' else ')'))
 
-  @property
-  def vocab_size(self) -> int:
-    return self.vocab
-
   def check_batch(self, batch: int) -> None:
     if batch % self.group:
       raise ValueError(f'the consensus drafter groups {self.group} consecutive rows per prompt, '
                        f'but the batch has {batch} rows (not a multiple of {self.group})')
 
   def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
-    b, p = prompt_tokens.shape
-    self.check_batch(b)
-    valid = jnp.arange(p)[None] < prompt_lens[:, None]
-    prompt = jnp.full((b, cache_size), -1, jnp.int32)
-    prompt = prompt.at[:, :p].set(jnp.where(valid, prompt_tokens, -1)[:, :cache_size])
-    return NgramState(prompt=prompt, found=jnp.zeros((b,), bool))
+    self.check_batch(prompt_tokens.shape[0])
+    return super().init(params, prompt_tokens, prompt_lens, cache_size, constrain)
 
   def candidates(self, ctx, length, prompt_lens, gamma):
     """([B, C, gamma] candidate continuations, [B, C, gamma] valid, [B, C] weights).
@@ -232,16 +221,7 @@ class ConsensusDrafter(Drafter):
       tokens, q, supported = sampled_path(cand, valid, weight, key, self.vocab)
       return tokens, q, draft_state.replace(found=supported[:, 0])
     tokens, supported = heaviest_path(cand, valid, weight)
-    found = supported[:, 0]
-    tokens = jnp.where(found[:, None], jnp.maximum(tokens, 0), 0).astype(jnp.int32)
-    q = jax.nn.one_hot(tokens, self.vocab, dtype=jnp.float32)
-    return tokens, q, draft_state.replace(found=found)
-
-  def rollback(self, draft_state, state):
-    return draft_state
-
-  def has_proposals(self, draft_state) -> jax.Array:
-    return jnp.any(draft_state.found)
+    return self.deterministic(tokens, supported[:, 0], draft_state)
 
 
 def parse_spec(spec: str, vocab: int) -> ConsensusDrafter:

@@ -68,22 +68,13 @@ def last_match(ctx: jax.Array, length: jax.Array, n: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter(Drafter):
-  """Prompt-lookup drafter over a `vocab`-token vocabulary."""
+class LookupDrafter(Drafter):
+  """What model-free lookup drafters share: the prompt kept in the draft state (everything
+  else is derived from the emitted tokens, so nothing to roll back), deterministic
+  proposals, and a plain step when no row of the batch found anything."""
 
   vocab: int
-  n_max: int = 3
-  n_min: int = 1
-  skip_when_empty: bool = True
-
-  def __post_init__(self):
-    if not 1 <= self.n_min <= self.n_max:
-      raise ValueError(f'ngram drafter needs 1 <= n_min <= n_max, got n_min={self.n_min}, '
-                       f'n_max={self.n_max}')
-
-  @property
-  def name(self) -> str:
-    return f'ngram(n={self.n_min}..{self.n_max})'
+  skip_when_empty: bool = dataclasses.field(default=True, kw_only=True)
 
   @property
   def vocab_size(self) -> int:
@@ -96,19 +87,38 @@ class NgramDrafter(Drafter):
     prompt = prompt.at[:, :p].set(jnp.where(valid, prompt_tokens, -1)[:, :cache_size])
     return NgramState(prompt=prompt, found=jnp.zeros((b,), bool))
 
-  def propose(self, params, draft_state, state, key, gamma, sampling):
-    ctx, length = context(draft_state, state)
-    end = lookup(ctx, length, self.n_min, self.n_max)  # the longest n with a match wins
-    found = end >= 0
-    positions = end[:, None] + 1 + jnp.arange(gamma)
-    positions = jnp.minimum(positions, length[:, None] - 1)  # repeat the last known token
-    tokens = jnp.take_along_axis(ctx, positions, axis=1)
+  def deterministic(self, tokens: jax.Array, found: jax.Array, draft_state: NgramState):
+    """(tokens, None: q one-hot, state) of a deterministic proposal; rows that found
+    nothing propose token 0 (verification rejects it at no extra cost)."""
     tokens = jnp.where(found[:, None] & (tokens >= 0), tokens, 0).astype(jnp.int32)
-    q = jax.nn.one_hot(tokens, self.vocab, dtype=jnp.float32)
-    return tokens, q, draft_state.replace(found=found)
+    return tokens, None, draft_state.replace(found=found)
 
   def rollback(self, draft_state, state):
     return draft_state
 
   def has_proposals(self, draft_state) -> jax.Array:
     return jnp.any(draft_state.found)
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter(LookupDrafter):
+  """Prompt-lookup drafter over a `vocab`-token vocabulary."""
+
+  n_max: int = 3
+  n_min: int = 1
+
+  def __post_init__(self):
+    if not 1 <= self.n_min <= self.n_max:
+      raise ValueError(f'ngram drafter needs 1 <= n_min <= n_max, got n_min={self.n_min}, '
+                       f'n_max={self.n_max}')
+
+  @property
+  def name(self) -> str:
+    return f'ngram(n={self.n_min}..{self.n_max})'
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    ctx, length = context(draft_state, state)
+    end = lookup(ctx, length, self.n_min, self.n_max)  # the longest n with a match wins
+    positions = end[:, None] + 1 + jnp.arange(gamma)
+    positions = jnp.minimum(positions, length[:, None] - 1)  # repeat the last known token
+    return self.deterministic(jnp.take_along_axis(ctx, positions, axis=1), end >= 0, draft_state)

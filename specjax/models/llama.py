@@ -183,6 +183,26 @@ def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array
   return buffer.at[rows, positions].set(new.astype(buffer.dtype), mode='drop')
 
 
+def _decoder(params: Params, tokens: jax.Array, positions: jax.Array, cfg: LlamaConfig,
+             layers: tuple[int, ...] | None, attend) -> jax.Array:
+  """The decoder stack with attention left to `attend(i, q, k, v) -> [B, T, N, H]` (layer i's
+  queries and new keys/values, RoPE applied); returns final-normed hidden states [B, T, D]."""
+  b, t = tokens.shape
+  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  cos, sin = rope_tables(positions, h, cfg.rope_base)
+  x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
+  for i in (range(cfg.n_layers) if layers is None else layers):
+    p = params['layers'][i]
+    y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
+    q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
+    k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
+    v = (y @ p['wv']).reshape(b, t, g, h)
+    x = x + attend(i, q, k, v).reshape(b, t, n * h) @ p['wo']
+    y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
+    x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
+  return rms_norm(x, params['final_norm'], cfg.norm_eps)
+
+
 def forward_hidden(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
                    layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
   """Runs the decoder stack; returns final-normed hidden states [B, T, D] and the cache.
@@ -190,26 +210,17 @@ def forward_hidden(params: Params, tokens: jax.Array, cache: KVCache, cfg: Llama
   `layers` (static) selects a subset of layers to run, in order, for self-speculative
   drafts; skipped layers keep their cache untouched. None runs all.
   """
-  b, t = tokens.shape
-  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  t = tokens.shape[1]
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
   mask = jnp.arange(cache.size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-  cos, sin = rope_tables(positions, h, cfg.rope_base)
-  x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
   new_k, new_v = list(cache.k), list(cache.v)
-  for i in (range(cfg.n_layers) if layers is None else layers):
-    p = params['layers'][i]
-    y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
-    q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
-    k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
-    v = (y @ p['wv']).reshape(b, t, g, h)
+
+  def attend(i, q, k, v):
     new_k[i] = _write(cache.k[i], k, positions)
     new_v[i] = _write(cache.v[i], v, positions)
-    attn = attention(q, new_k[i], new_v[i], mask)
-    x = x + attn.reshape(b, t, n * h) @ p['wo']
-    y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
-    x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
-  x = rms_norm(x, params['final_norm'], cfg.norm_eps)
+    return attention(q, new_k[i], new_v[i], mask)
+
+  x = _decoder(params, tokens, positions, cfg, layers, attend)
   return x, KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
 
 
@@ -225,28 +236,19 @@ def forward_hidden_pending(params: Params, tokens: jax.Array, cache: KVCache, cf
   branch, and the one write happens after the branch.
   """
   b, t = tokens.shape
-  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
   old_mask = jnp.arange(cache.size)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
   old_mask = jnp.broadcast_to(old_mask, (b, t, cache.size))
   new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
-  cos, sin = rope_tables(positions, h, cfg.rope_base)
-  x = jnp.take(params['embed'], tokens, axis=0)
   new_k: list[Any] = [None] * cfg.n_layers
   new_v: list[Any] = [None] * cfg.n_layers
-  for i in (range(cfg.n_layers) if layers is None else layers):
-    p = params['layers'][i]
-    y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
-    q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
-    k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
-    v = (y @ p['wv']).reshape(b, t, g, h)
+
+  def attend(i, q, k, v):
     new_k[i], new_v[i] = k, v
-    attn = attention_split(q, cache.k[i], cache.v[i], old_mask, k.astype(cache.k[i].dtype),
+    return attention_split(q, cache.k[i], cache.v[i], old_mask, k.astype(cache.k[i].dtype),
                            v.astype(cache.v[i].dtype), new_mask)
-    x = x + attn.reshape(b, t, n * h) @ p['wo']
-    y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
-    x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
-  x = rms_norm(x, params['final_norm'], cfg.norm_eps)
+
+  x = _decoder(params, tokens, positions, cfg, layers, attend)
   return x, (new_k, new_v)
 
 

@@ -10,11 +10,11 @@ appears here.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import itertools
 import random
-import warnings
+
+from specjax.data import code_edit
 
 PROSE_TEMPLATES = (
   'Explain {} to a high-school student in a few paragraphs.',
@@ -95,21 +95,8 @@ STDLIB_TEMPLATES = (
 
 
 def _stdlib_source(qualname: str) -> str | None:
-  parts = qualname.split('.')
-  for split in range(len(parts) - 1, 0, -1):
-    try:
-      with warnings.catch_warnings():  # e.g. uu: deprecated, still there before Python 3.13
-        warnings.simplefilter('ignore', DeprecationWarning)
-        obj = importlib.import_module('.'.join(parts[:split]))
-    except ImportError:
-      continue
-    try:
-      for attr in parts[split:]:
-        obj = getattr(obj, attr)
-      return inspect.cleandoc('\n' + inspect.getsource(obj)) + '\n'
-    except (TypeError, OSError, AttributeError):
-      return None
-  return None
+  source = code_edit.stdlib_source(qualname)
+  return None if source is None else inspect.cleandoc('\n' + source) + '\n'
 
 
 def _header(source: str) -> str | None:
