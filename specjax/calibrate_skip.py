@@ -114,7 +114,8 @@ def masked_forward(params, tokens, lengths, keep, cfg: llama.LlamaConfig) -> jax
     q = llama.apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
     k = llama.apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
     v = (y @ p['wv']).reshape(b, t, g, h)
-    x = x + llama.attention(q, k, v, mask).reshape(b, t, n * h) @ p['wo']
+    heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [B, G, T, H], as attention takes
+    x = x + llama.attention(q, heads_first(k), heads_first(v), mask).reshape(b, t, n * h) @ p['wo']
     y = llama.rms_norm(x, p['mlp_norm'], cfg.norm_eps)
     return x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
 

@@ -1,7 +1,8 @@
 """A static-shape KV cache with a length per row.
 
-Each layer has its own key and value buffers [B, S, G, H] (per-layer buffers updated
-by a per-row scatter decode much faster on XLA:CPU than one stacked buffer). Row b
+Each layer has its own key and value buffers [B, G, S, H] (per-layer buffers updated
+by a per-row scatter decode much faster on XLA:CPU than one stacked buffer; head-major,
+so attention contracts them without a transpose). Row b
 holds `lengths[b]` valid slots; a forward pass writes its T new tokens at slots
 lengths[b] .. lengths[b] + T - 1. Slots at or past a row's length are ignored by
 attention, so rolling a row back is only lowering its length.
@@ -16,14 +17,14 @@ from flax import struct
 
 @struct.dataclass
 class KVCache:
-  k: list[jax.Array]  # L x [B, S, G, H]
-  v: list[jax.Array]  # L x [B, S, G, H]
+  k: list[jax.Array]  # L x [B, G, S, H]
+  v: list[jax.Array]  # L x [B, G, S, H]
   lengths: jax.Array  # [B] int32
 
   @property
   def size(self) -> int:
     """S, the number of slots per row."""
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
   @property
   def batch(self) -> int:
@@ -34,7 +35,7 @@ class KVCache:
     """An empty cache for `cfg` (a LlamaConfig) with `size` slots per row."""
     if size <= 0 or batch <= 0:
       raise ValueError(f'KVCache needs a positive batch and size, got batch={batch}, size={size}')
-    shape = (batch, size, cfg.n_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.n_kv_heads, size, cfg.head_dim)
     return cls(k=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
                v=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
                lengths=jnp.zeros((batch,), jnp.int32))

@@ -87,8 +87,8 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
 
 
 def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
-  """Pins cache buffers [B, S, G, H]: batch over 'data', kv heads over 'model'."""
+  """Pins cache buffers [B, G, S, H]: batch over 'data', kv heads over 'model'."""
   def pin(x):
-    spec = fit_spec(P('data', None, 'model', None), x.shape, mesh)
+    spec = fit_spec(P('data', 'model', None, None), x.shape, mesh)  # [B, G, S, H]
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return cache.replace(k=[pin(x) for x in cache.k], v=[pin(x) for x in cache.v])
