@@ -194,7 +194,11 @@ def attention_split(q: jax.Array, k_old: jax.Array, v_old: jax.Array, mask_old: 
 
 def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
   """buffer[b, :, positions[b, t]] = new[b, t] for a head-major buffer [B, G, S, H] and
-  new[B, T, G, H]; writes past the end are dropped."""
+  new[B, T, G, H]; writes past the end are dropped.
+
+  The scatter goes through a [B * G, S, H] view, so each update is one contiguous H-vector:
+  scattering into [B, G, S, H] directly made XLA:CPU's decode step ~1.5x slower.
+  """
   b, g, s, h = buffer.shape
   flat = buffer.reshape(b * g, s, h)  # row-major: a free view
   heads = (jnp.arange(b)[:, None] * g + jnp.arange(g)[None])[:, :, None]  # [B, G, 1]
