@@ -3,6 +3,8 @@ r"""How many tokens per target call could any consensus draft buy on this model?
   python experiments/consensus_bench/oracle.py --sets mtbench:math,mtbench:reasoning,humaneval \
       --num_prompts 3 --n 8 --temperature 0.7 --max_new 128 --gammas 2,4 \
       --out experiments/consensus_bench/oracle
+  cd experiments/consensus_bench  # replay the recorded paths without the model:
+  python oracle.py --replay oracle/texts.jsonl --matched 4:1,2:0 --out /tmp/oracle
 
 N paths per prompt are sampled from the target as one batch (plain autoregressive
 decoding, so the samples are exactly the target's). With a deterministic draft (q
@@ -21,7 +23,13 @@ Replayed per path, iterating in lockstep across the N paths of a prompt:
     draft in 'mode' (the heaviest path of the trie built from those texts) is a prefix
     of one such substring, so it can never keep more; the oracle also reaches at least as
     far at every position, so its tokens per call bound consensus drafting's from above.
-  * oracle with the other paths' complete texts (their future too): a looser bound.
+  * oracle with the other paths' complete texts (their future too): a looser bound;
+  * matched oracle (k, m): the best, knowing the future, of exactly the candidates a
+    `consensus:N,k=K,m=M` draft chooses from (the continuation after every place in the
+    other paths' generated text whose preceding k tokens differ from the path's last k
+    in at most m positions, and the path's own lookup). A consensus draft in 'mode'
+    proposes a prefix of one of them (then repeats), so this bounds it for that (k, m),
+    whatever the weighting; the plain oracle bounds every (k, m) and is far looser.
 If the oracle's tokens per call are below 1.5x own lookup's, no consensus draft (mode)
 over these paths can reach the issue's 1.5x.
 """
@@ -87,7 +95,30 @@ def padded(tokens: list[int], gamma: int) -> str:
   return as_text(tokens + tokens[-1:] * gamma) if tokens else ''
 
 
-def replay(prompt: list[int], paths: list[list[int]], gamma: int, mode: str) -> list[float]:
+def matched_candidates(prompt: list[int], ctx: list[int], others: list[list[int]], k: int,
+                       m: int, gamma: int) -> list[list[int]]:
+  """What consensus drafting can propose: the continuations (padded with their last token)
+  after every place in another path's generated text where the tokens before it differ
+  from the path's last k tokens in at most m positions, plus the path's own lookup."""
+  out = []
+  own = own_lookup(ctx, gamma)
+  if own:
+    out.append(own)
+  if len(ctx) < k:
+    return out
+  pattern = ctx[-k:]
+  for other in others:
+    full = prompt + other
+    for end in range(max(k - 1, len(prompt) - 1), len(full) - 1):
+      window = full[end - k + 1:end + 1]
+      if sum(a != b for a, b in zip(window, pattern)) <= m:
+        cont = full[end + 1:end + 1 + gamma]
+        out.append(cont + cont[-1:] * (gamma - len(cont)))
+  return out
+
+
+def replay(prompt: list[int], paths: list[list[int]], gamma: int, mode: str,
+           k: int = 4, m: int = 1) -> list[float]:
   """Tokens per target call of each path (prefill included) under `mode`."""
   n = len(paths)
   pos = [1] * n  # the prefill emits each path's first token
@@ -102,6 +133,10 @@ def replay(prompt: list[int], paths: list[list[int]], gamma: int, mode: str) -> 
       ctx = prompt + path[:t]
       if mode == 'own':
         run = agreement(own_lookup(ctx, gamma), future)
+      elif mode == 'matched':
+        others = [paths[j][:now[j]] for j in range(n) if j != i]
+        run = max((agreement(c, future)
+                   for c in matched_candidates(prompt, ctx, others, k, m, gamma)), default=0)
       else:
         others = [paths[j] if mode == 'oracle_full' else paths[j][:now[j]]
                   for j in range(n) if j != i]
@@ -120,44 +155,63 @@ def main():
   parser.add_argument('--temperature', type=float, default=0.7)
   parser.add_argument('--max_new', type=int, default=128)
   parser.add_argument('--gammas', default='2,4')
+  parser.add_argument('--matched', default='4:1,3:1,2:0,1:0',
+                      help='(k:m) settings for the matched oracle')
+  parser.add_argument('--replay', default='',
+                      help='texts.jsonl of an earlier run: replay its paths instead of sampling')
   parser.add_argument('--out', default='experiments/consensus_bench/oracle')
   args = parser.parse_args()
   gammas = [int(g) for g in args.gammas.split(',')]
+  matched = [tuple(int(x) for x in km.split(':')) for km in args.matched.split(',') if km]
+  modes = ['own', 'oracle', 'oracle_full'] + [f'matched k={k} m={m}' for k, m in matched]
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
 
-  target = loader.load_model('smollm2-135m-instruct')
-  tok = target.tokenizer
-  engine = Engine(target.params, target.cfg, eos_id=tok.eos_id, cache_size=1024)
-  sampling = SamplingConfig(temperature=args.temperature)
-  rows, texts = [], []
-  for name in args.sets.split(','):
-    for k, p in enumerate(prompts_lib.load_prompts(name)[:args.num_prompts]):
-      prompt = tok.encode_chat(p.text)
-      o = engine.generate([prompt] * args.n, args.max_new, sampling, seed=k)
-      paths = [list(map(int, t)) for t in o.tokens]
-      for i, path in enumerate(paths):
-        texts.append({'set': name, 'id': p.id, 'path': i, 'text': tok.decode(path)})
-      for g in gammas:
-        res = {m: float(np.mean(replay(prompt, paths, g, m)))
-               for m in ('own', 'oracle', 'oracle_full')}
-        rows.append({'set': name, 'id': p.id, 'gamma': g, **res})
-        print(f'{name} {p.id} gamma={g}: own {res["own"]:.2f}, oracle {res["oracle"]:.2f} '
-              f'({res["oracle"] / res["own"]:.2f}x), oracle with full texts '
-              f'{res["oracle_full"]:.2f}', flush=True)
+  groups = {}  # (set, id) -> (prompt tokens, [path tokens])
+  texts = []
+  if args.replay:
+    for line in open(args.replay):
+      t = json.loads(line)
+      texts.append(t)
+      groups.setdefault((t['set'], t['id']), (t['prompt_tokens'], []))[1].append(t['tokens'])
+  else:
+    target = loader.load_model('smollm2-135m-instruct')
+    tok = target.tokenizer
+    engine = Engine(target.params, target.cfg, eos_id=tok.eos_id, cache_size=1024)
+    sampling = SamplingConfig(temperature=args.temperature)
+    for name in args.sets.split(','):
+      for i, p in enumerate(prompts_lib.load_prompts(name)[:args.num_prompts]):
+        prompt = tok.encode_chat(p.text)
+        o = engine.generate([prompt] * args.n, args.max_new, sampling, seed=i)
+        paths = [list(map(int, t)) for t in o.tokens]
+        groups[name, p.id] = (prompt, paths)
+        texts += [{'set': name, 'id': p.id, 'path': j, 'text': tok.decode(path),
+                   'tokens': path, 'prompt_tokens': prompt} for j, path in enumerate(paths)]
 
-  lines = ['| set | γ | own lookup | oracle (others so far) | ÷ own | oracle (others complete) '
-           '| ÷ own |',
-           '|---|---|---|---|---|---|---|']
+  rows = []
+  for (name, pid), (prompt, paths) in groups.items():
+    for g in gammas:
+      res = {}
+      for mode in modes:
+        if mode.startswith('matched'):
+          k, m = (int(x.split('=')[1]) for x in mode.split()[1:])
+          res[mode] = float(np.mean(replay(prompt, paths, g, 'matched', k, m)))
+        else:
+          res[mode] = float(np.mean(replay(prompt, paths, g, mode)))
+      rows.append({'set': name, 'id': pid, 'gamma': g, **res})
+      print(f'{name} {pid} gamma={g}: ' + ', '.join(
+          f'{mode} {v:.2f} ({v / res["own"]:.2f}x)' for mode, v in res.items()), flush=True)
+
+  lines = ['| set | γ | ' + ' | '.join(modes) + ' |', '|---|---|' + '---|' * len(modes)]
   summary = {}
-  for name in args.sets.split(','):
+  for name in dict.fromkeys(r['set'] for r in rows):
     for g in gammas:
       sel = [r for r in rows if r['set'] == name and r['gamma'] == g]
-      m = {k: float(np.mean([r[k] for r in sel])) for k in ('own', 'oracle', 'oracle_full')}
-      summary[f'{name} g{g}'] = m
-      lines.append(f'| {name} | {g} | {m["own"]:.2f} | {m["oracle"]:.2f} | '
-                   f'{m["oracle"] / m["own"]:.2f}x | {m["oracle_full"]:.2f} | '
-                   f'{m["oracle_full"] / m["own"]:.2f}x |')
+      mean = {mode: float(np.mean([r[mode] for r in sel])) for mode in modes}
+      summary[f'{name} g{g}'] = mean
+      lines.append(f'| {name} | {g} | ' + ' | '.join(
+          f'{v:.2f}' + ('' if mode == 'own' else f' ({v / mean["own"]:.2f}x)')
+          for mode, v in mean.items()) + ' |')
   table = '\n'.join(lines)
   print(table)
   commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
@@ -166,9 +220,10 @@ def main():
       {'args': vars(args), 'commit': commit, 'date': str(datetime.date.today()),
        'summary': summary, 'prompts': rows}, indent=1) + '\n')
   (out / 'table.md').write_text(table + '\n')
-  with open(out / 'texts.jsonl', 'w') as f:
-    for t in texts:
-      f.write(json.dumps(t) + '\n')
+  if not args.replay:
+    with open(out / 'texts.jsonl', 'w') as f:
+      for t in texts:
+        f.write(json.dumps(t) + '\n')
 
 
 if __name__ == '__main__':
