@@ -43,12 +43,12 @@ from specjax.models import llama, loader
 
 # Written for calibration only; deliberately unlike the evaluation prompt sets.
 CALIBRATION_PROMPTS = (
-    'Explain in a few sentences how a refrigerator keeps food cold.',
-    'Write a short Python function that returns the n-th Fibonacci number, with a docstring.',
-    'Give three tips for keeping a small vegetable garden healthy in summer.',
-    'Describe the water cycle to a ten-year-old.',
-    'Write a Python class Stack with push, pop and peek methods.',
-    'What are the main differences between a list and a tuple in Python?',
+  'Explain in a few sentences how a refrigerator keeps food cold.',
+  'Write a short Python function that returns the n-th Fibonacci number, with a docstring.',
+  'Give three tips for keeping a small vegetable garden healthy in summer.',
+  'Describe the water cycle to a ten-year-old.',
+  'Write a Python class Stack with push, pop and peek methods.',
+  'What are the main differences between a list and a tuple in Python?',
 )
 VERIFY_SLOPE = 0.065  # one forward of gamma+1 tokens costs ~1 + 0.065 gamma steps (FACTS.md)
 HEAD_LAYERS = 4.5  # the output head costs about as much as 4.5 of SmolLM2's 30 layers
@@ -83,8 +83,9 @@ def layer_ranges(layers) -> str:
   return ','.join(parts)
 
 
-def contiguous_skips(n_layers: int, min_skip: int = 1, max_skip: int | None = None,
-                     stride: int = 1) -> list[tuple[int, ...]]:
+def contiguous_skips(
+  n_layers: int, min_skip: int = 1, max_skip: int | None = None, stride: int = 1
+) -> list[tuple[int, ...]]:
   """Blocks of consecutive layers to skip (lengths min_skip, min_skip + stride, ... up to
   max_skip, default half the layers; starts every `stride` layers), never the first or the
   last layer."""
@@ -138,8 +139,9 @@ def simulate(agree: np.ndarray, gamma: int) -> float:
   return n / max(calls, 1)
 
 
-def predicted_speedup(tokens_per_call: float, kept: int, n_layers: int, gamma: int,
-                      head: float = HEAD_LAYERS) -> float:
+def predicted_speedup(
+  tokens_per_call: float, kept: int, n_layers: int, gamma: int, head: float = HEAD_LAYERS
+) -> float:
   draft = (kept + head) / (n_layers + head)
   return tokens_per_call / (gamma * draft + 1 + VERIFY_SLOPE * gamma)
 
@@ -151,7 +153,7 @@ def reference_texts(engine: Engine, prompts, max_new: int):
   width = max(map(len, seqs))
   tokens = np.zeros((len(seqs), width), np.int32)
   for i, s in enumerate(seqs):
-    tokens[i, :len(s)] = s
+    tokens[i, : len(s)] = s
   return tokens, np.array([len(s) for s in seqs]), np.array([len(p) for p in prompts])
 
 
@@ -164,13 +166,15 @@ def score_candidates(model, candidates, tokens, lengths, starts, gammas, say=pri
   for i, cand in enumerate(candidates):
     keep = np.isin(np.arange(cfg.n_layers), cand.kept)
     pred = np.asarray(fn(params, x, n, jnp.asarray(keep)))
-    agrees = [pred[b, s - 1:l - 1] == tokens[b, s:l] for b, (s, l) in
-              enumerate(zip(starts, lengths))]  # the prediction at j is for token j + 1
+    agrees = [
+      pred[b, s - 1 : l - 1] == tokens[b, s:l] for b, (s, l) in enumerate(zip(starts, lengths))
+    ]  # the prediction at j is for token j + 1
     cand.agreement = float(np.mean(np.concatenate(agrees)))
     for g in gammas:
       cand.tokens_per_call[g] = float(np.mean([simulate(a, g) for a in agrees]))
-      cand.predicted[g] = predicted_speedup(cand.tokens_per_call[g], len(cand.kept),
-                                            cfg.n_layers, g)
+      cand.predicted[g] = predicted_speedup(
+        cand.tokens_per_call[g], len(cand.kept), cfg.n_layers, g
+      )
     if (i + 1) % 10 == 0 or i + 1 == len(candidates):
       say(f'scored {i + 1}/{len(candidates)} skip sets')
 
@@ -178,8 +182,14 @@ def score_candidates(model, candidates, tokens, lengths, starts, gammas, say=pri
 def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict:
   """Greedy decoding of the calibration prompts, speculative vs autoregressive, batch 1."""
   drafter = ModelDrafter(model.cfg, label=cand.spec, layers=cand.kept)
-  engine = Engine(base.params, model.cfg, eos_id=base.eos_id, cache_size=base.cache_size,
-                  drafter=drafter, draft_params=base.params)
+  engine = Engine(
+    base.params,
+    model.cfg,
+    eos_id=base.eos_id,
+    cache_size=base.cache_size,
+    drafter=drafter,
+    draft_params=base.params,
+  )
   gamma = cand.best_gamma()
   spec = {'tokens': 0, 'seconds': 0.0, 'calls': 0}
   plain = {'tokens': 0, 'seconds': 0.0}
@@ -192,8 +202,13 @@ def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict
     plain['tokens'] += a.num_generated
     plain['seconds'] += a.prefill_seconds + a.decode_seconds
   tps, base_tps = spec['tokens'] / spec['seconds'], plain['tokens'] / plain['seconds']
-  return {'gamma': gamma, 'tokens_per_second': tps, 'autoregressive_tokens_per_second': base_tps,
-          'speedup': tps / base_tps, 'tokens_per_call': spec['tokens'] / spec['calls']}
+  return {
+    'gamma': gamma,
+    'tokens_per_second': tps,
+    'autoregressive_tokens_per_second': base_tps,
+    'speedup': tps / base_tps,
+    'tokens_per_call': spec['tokens'] / spec['calls'],
+  }
 
 
 CONFIG_TEMPLATE = '''"""Self-speculative layer skipping for {model}: the calibrated skip set.
@@ -225,10 +240,18 @@ def get_config(arg: str | None = None):
 '''
 
 
-def calibrate(model_spec: str = 'smollm2-135m-instruct', out: str = 'configs/layerskip_smollm2.py',
-              report: str | None = None, max_new: int = 48, num_prompts: int = 4,
-              gammas=(1, 2, 3, 4, 6, 8), min_skip: int = 2, stride: int = 2, measure_top: int = 3,
-              say=print) -> dict:
+def calibrate(
+  model_spec: str = 'smollm2-135m-instruct',
+  out: str = 'configs/layerskip_smollm2.py',
+  report: str | None = None,
+  max_new: int = 48,
+  num_prompts: int = 4,
+  gammas=(1, 2, 3, 4, 6, 8),
+  min_skip: int = 2,
+  stride: int = 2,
+  measure_top: int = 3,
+  say=print,
+) -> dict:
   """Runs the search; writes the config `out` and the JSON report; returns the report."""
   if measure_top < 1:
     raise ValueError(f'measure_top must be >= 1, got {measure_top}')
@@ -241,50 +264,78 @@ def calibrate(model_spec: str = 'smollm2-135m-instruct', out: str = 'configs/lay
   if model.cfg.n_layers < 2:
     raise ValueError(f'{model_spec} has {model.cfg.n_layers} layer: nothing to skip')
   prompts = [model.tokenizer.encode_chat(p) for p in CALIBRATION_PROMPTS[:num_prompts]]
-  base = Engine(model.params, model.cfg, eos_id=model.tokenizer.eos_id,
-                cache_size=min(1024, model.cfg.max_seq_len))
+  base = Engine(
+    model.params,
+    model.cfg,
+    eos_id=model.tokenizer.eos_id,
+    cache_size=min(1024, model.cfg.max_seq_len),
+  )
   tokens, lengths, starts = reference_texts(base, prompts, max_new)
-  skips = contiguous_skips(model.cfg.n_layers, min_skip=min(min_skip, model.cfg.n_layers - 1),
-                           stride=stride)
-  candidates = [Candidate(s, tuple(i for i in range(model.cfg.n_layers) if i not in s))
-                for s in skips]
-  say(f'{len(candidates)} skip sets, {len(prompts)} calibration prompts, {int(lengths.sum())} '
-      f'tokens')
+  skips = contiguous_skips(
+    model.cfg.n_layers, min_skip=min(min_skip, model.cfg.n_layers - 1), stride=stride
+  )
+  candidates = [
+    Candidate(s, tuple(i for i in range(model.cfg.n_layers) if i not in s)) for s in skips
+  ]
+  say(
+    f'{len(candidates)} skip sets, {len(prompts)} calibration prompts, {int(lengths.sum())} tokens'
+  )
   score_candidates(model, candidates, tokens, lengths, starts, gammas, say)
   ranked = sorted(candidates, key=lambda c: -c.predicted[c.best_gamma()])
   for cand in ranked[:measure_top]:
     cand.measured = measure(model, cand, prompts, max_new, base)
-    say(f'{cand.spec} gamma={cand.measured["gamma"]}: predicted '
-        f'{cand.predicted[cand.best_gamma()]:.2f}x, measured {cand.measured["speedup"]:.2f}x')
+    say(
+      f'{cand.spec} gamma={cand.measured["gamma"]}: predicted '
+      f'{cand.predicted[cand.best_gamma()]:.2f}x, measured {cand.measured["speedup"]:.2f}x'
+    )
   # Ranked by the speedup over autoregressive decoding measured prompt by prompt alongside
   # it: absolute tokens/s drift with the machine's load between candidates.
   best = max(ranked[:measure_top], key=lambda c: c.measured['speedup'])
   report_path = pathlib.Path(report or pathlib.Path(out).with_suffix('.json'))
   result = {
-      'model': model.source, 'date': datetime.date.today().isoformat(),
-      'calibration_prompts': list(CALIBRATION_PROMPTS[:num_prompts]), 'max_new': max_new,
-      'cost_model': {'verify_slope': VERIFY_SLOPE, 'head_layers': HEAD_LAYERS},
-      'chosen': {'draft': best.spec, 'skipped': list(best.skipped), 'gamma': best.best_gamma(),
-                 'measured': best.measured,
-                 'beats_autoregressive': best.measured['speedup'] > 1.0},
-      'seconds': time.perf_counter() - start,
-      'candidates': [dataclasses.asdict(c) | {'spec': c.spec} for c in ranked]}
+    'model': model.source,
+    'date': datetime.date.today().isoformat(),
+    'calibration_prompts': list(CALIBRATION_PROMPTS[:num_prompts]),
+    'max_new': max_new,
+    'cost_model': {'verify_slope': VERIFY_SLOPE, 'head_layers': HEAD_LAYERS},
+    'chosen': {
+      'draft': best.spec,
+      'skipped': list(best.skipped),
+      'gamma': best.best_gamma(),
+      'measured': best.measured,
+      'beats_autoregressive': best.measured['speedup'] > 1.0,
+    },
+    'seconds': time.perf_counter() - start,
+    'candidates': [dataclasses.asdict(c) | {'spec': c.spec} for c in ranked],
+  }
   path = pathlib.Path(out)
   path.parent.mkdir(parents=True, exist_ok=True)
   report_path.parent.mkdir(parents=True, exist_ok=True)
   report_path.write_text(json.dumps(result, indent=1))
-  path.write_text(CONFIG_TEMPLATE.format(
-      model=model_spec, date=result['date'], report=report_path, skipped=best.skipped,
-      n_layers=model.cfg.n_layers, predicted=best.predicted[best.best_gamma()],
-      measured=f'{best.measured["speedup"]:.2f}x', path=path, draft=best.spec,
-      verdict='' if best.measured['speedup'] > 1 else (
-          '\nNo skip set beat autoregressive decoding: this is the least slow one.'),
-      gamma=best.best_gamma()))
+  path.write_text(
+    CONFIG_TEMPLATE.format(
+      model=model_spec,
+      date=result['date'],
+      report=report_path,
+      skipped=best.skipped,
+      n_layers=model.cfg.n_layers,
+      predicted=best.predicted[best.best_gamma()],
+      measured=f'{best.measured["speedup"]:.2f}x',
+      path=path,
+      draft=best.spec,
+      verdict=''
+      if best.measured['speedup'] > 1
+      else ('\nNo skip set beat autoregressive decoding: this is the least slow one.'),
+      gamma=best.best_gamma(),
+    )
+  )
   if best.measured['speedup'] <= 1:
     say('no skip set beat autoregressive decoding on the calibration prompts')
-  say(f'chose {best.spec} (skips {layer_ranges(best.skipped)}) at gamma={best.best_gamma()}: '
-      f'{best.measured["speedup"]:.2f}x measured; wrote {path} and {report_path} '
-      f'in {result["seconds"]:.0f} s')
+  say(
+    f'chose {best.spec} (skips {layer_ranges(best.skipped)}) at gamma={best.best_gamma()}: '
+    f'{best.measured["speedup"]:.2f}x measured; wrote {path} and {report_path} '
+    f'in {result["seconds"]:.0f} s'
+  )
   return result
 
 
@@ -301,9 +352,17 @@ def main(argv=None):
   parser.add_argument('--measure', type=int, default=3, help='candidates measured for real')
   args = parser.parse_args(argv)
   try:
-    calibrate(args.model, args.out, args.report, args.max_new, args.num_prompts,
-              tuple(int(g) for g in args.gammas.split(',')), args.min_skip, args.stride,
-              args.measure)
+    calibrate(
+      args.model,
+      args.out,
+      args.report,
+      args.max_new,
+      args.num_prompts,
+      tuple(int(g) for g in args.gammas.split(',')),
+      args.min_skip,
+      args.stride,
+      args.measure,
+    )
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

@@ -7,10 +7,24 @@ import pathlib
 
 import numpy as np
 
-COLUMNS = ('method', 'category', 'gamma', 'acceptance_rate', 'tokens_per_call',
-           'tokens_per_second', 'speedup', 'decode_speedup', 'predicted_speedup',
-           'latency_ms_p50', 'latency_ms_p90', 'latency_ms_p99', 'ms_per_token_p99',
-           'zero_accept_fraction', 'greedy_mismatches', 'new_tokens')
+COLUMNS = (
+  'method',
+  'category',
+  'gamma',
+  'acceptance_rate',
+  'tokens_per_call',
+  'tokens_per_second',
+  'speedup',
+  'decode_speedup',
+  'predicted_speedup',
+  'latency_ms_p50',
+  'latency_ms_p90',
+  'latency_ms_p99',
+  'ms_per_token_p99',
+  'zero_accept_fraction',
+  'greedy_mismatches',
+  'new_tokens',
+)
 
 
 def _row(method: str, category: str, m: dict) -> dict:
@@ -36,8 +50,9 @@ def write_csv(path: pathlib.Path, summary: dict) -> None:
 def acceptance_by_position(recs: list[dict]) -> np.ndarray:
   """P(the i-th draft token is accepted | drafted), i = 1..gamma (nan where never drafted)."""
   gamma = recs[0]['gamma']
-  pairs = np.array([(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
-                   ).reshape(-1, 2)
+  pairs = np.array(
+    [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+  ).reshape(-1, 2)
   out = np.full(gamma, np.nan)
   for i in range(1, gamma + 1):
     drafted = pairs[:, 1] >= i
@@ -50,6 +65,7 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
   """acceptance_by_position.png, speedup_vs_gamma.png, latency_cdf.png, and
   adaptive_gamma.png when adaptive methods ran."""
   import matplotlib
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
@@ -60,8 +76,12 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
   for name, recs in spec.items():
     curve = acceptance_by_position(recs)
     ax.plot(range(1, len(curve) + 1), curve, marker='o', label=name)
-  ax.set(xlabel='draft position', ylabel='P(accepted)', ylim=(0, 1.02),
-         title='Acceptance by draft position')
+  ax.set(
+    xlabel='draft position',
+    ylabel='P(accepted)',
+    ylim=(0, 1.02),
+    title='Acceptance by draft position',
+  )
   if spec:
     ax.legend(fontsize=7)
   paths.append(_save(fig, out_dir / 'acceptance_by_position.png'))
@@ -76,11 +96,12 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
       adaptive[draft] = m
   for draft, points in drafts.items():
     g, speed, tpc = zip(*sorted(points))
-    line, = left.plot(g, speed, marker='o', label=draft)
+    (line,) = left.plot(g, speed, marker='o', label=draft)
     right.plot(g, tpc, marker='o', label=draft)
     if draft in adaptive:
-      left.axhline(adaptive[draft]['speedup'], color=line.get_color(), linestyle=':',
-                   label=f'{draft} adaptive')
+      left.axhline(
+        adaptive[draft]['speedup'], color=line.get_color(), linestyle=':', label=f'{draft} adaptive'
+      )
   for draft, m in adaptive.items():
     if draft not in drafts:
       left.axhline(m['speedup'], linestyle=':', label=f'{draft} adaptive')
@@ -102,8 +123,10 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
       ax.step(range(len(seq)), seq, where='post', linewidth=0.8)
       for b in bounds[:-1]:
         ax.axvline(b, color='gray', linewidth=0.3)
-      ax.set(ylabel='gamma', title=f'{name}: draft length per iteration (0 = plain step; '
-                                   'gray lines separate requests)')
+      ax.set(
+        ylabel='gamma',
+        title=f'{name}: draft length per iteration (0 = plain step; gray lines separate requests)',
+      )
     axes[-1, 0].set_xlabel('iteration')
     paths.append(_save(fig, out_dir / 'adaptive_gamma.png'))
 
@@ -119,6 +142,7 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
 
 def _save(fig, path: pathlib.Path) -> pathlib.Path:
   import matplotlib.pyplot as plt
+
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -11,8 +11,9 @@ from ml_collections import config_flags
 
 from specjax import run_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Experiment config file (configs/*.py).', lock_config=True
+)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where results go (default runs/<UTC time>).')
 
 

@@ -34,12 +34,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.check(c.max_new_tokens >= 1, 'max_new_tokens', c.max_new_tokens, 'an integer >= 1')
   config_lib.check(c.cache_size >= 2, 'cache_size', c.cache_size, 'an integer >= 2')
   config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
-  config_lib.check(c.mesh.data >= 1 and c.mesh.model >= 1, 'mesh', c.mesh.to_dict(),
-                   'data >= 1 and model >= 1')
+  config_lib.check(
+    c.mesh.data >= 1 and c.mesh.model >= 1, 'mesh', c.mesh.to_dict(), 'data >= 1 and model >= 1'
+  )
   for field in ('gammas', 'adaptive_gammas'):
     values = tuple(c.get(field, ()))
-    config_lib.check(all(isinstance(g, int) and g >= 1 for g in values), field, values,
-                     'draft lengths, each an integer >= 1')
+    config_lib.check(
+      all(isinstance(g, int) and g >= 1 for g in values),
+      field,
+      values,
+      'draft lengths, each an integer >= 1',
+    )
   verifiers = sorted(verify.VERIFIERS)
   config_lib.check(c.verifier in verifiers, 'verifier', c.verifier, f'one of {verifiers}')
   if c.prompt and not c.prompt.strip():
@@ -53,8 +58,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def make_workdir(workdir: str | None) -> pathlib.Path:
   """Creates the work directory (default runs/<UTC time>) and checks it can be written."""
   if not workdir:
-    workdir = os.path.join('runs', datetime.datetime.now(datetime.timezone.utc)
-                           .strftime('%Y%m%d-%H%M%S'))
+    workdir = os.path.join(
+      'runs', datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%d-%H%M%S')
+    )
   path = pathlib.Path(workdir)
   try:
     path.mkdir(parents=True, exist_ok=True)
@@ -70,8 +76,14 @@ def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
   return {f'p{q}': float(np.percentile(values, q)) for q in qs}
 
 
-DRAFT_KINDS = ('ngram[:N]', 'truncated:K', 'layers:A-B,...', 'distilled[:DIR]',
-               'consensus:N', 'a model spec (asset name, .gguf file, HF directory)')
+DRAFT_KINDS = (
+  'ngram[:N]',
+  'truncated:K',
+  'layers:A-B,...',
+  'distilled[:DIR]',
+  'consensus:N',
+  'a model spec (asset name, .gguf file, HF directory)',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +102,10 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec('autoregressive')
   draft, at, setting = text.rpartition('@')
   if not at or not draft or not (setting == 'adaptive' or setting.isdigit()):
-    raise ValueError(f'unknown method {text!r}: expected "autoregressive", "<draft>@<gamma>" or '
-                     f'"<draft>@adaptive", with a draft one of {", ".join(DRAFT_KINDS)}')
+    raise ValueError(
+      f'unknown method {text!r}: expected "autoregressive", "<draft>@<gamma>" or '
+      f'"<draft>@adaptive", with a draft one of {", ".join(DRAFT_KINDS)}'
+    )
   if setting == 'adaptive':
     return MethodSpec(text, draft, 0, True)
   gamma = int(setting)
@@ -107,8 +121,12 @@ def build_methods(config) -> list[MethodSpec]:
   of those, or names others in the same syntax.
   """
   for spec in config.drafts:
-    config_lib.check(isinstance(spec, str) and spec and '@' not in spec, 'drafts',
-                     tuple(config.drafts), 'non-empty draft specs (without @)')
+    config_lib.check(
+      isinstance(spec, str) and spec and '@' not in spec,
+      'drafts',
+      tuple(config.drafts),
+      'non-empty draft specs (without @)',
+    )
   declared = [MethodSpec('autoregressive')]
   for spec in config.drafts:
     declared += [MethodSpec(f'{spec}@{g}', spec, g) for g in config.gammas]
@@ -124,8 +142,7 @@ def build_methods(config) -> list[MethodSpec]:
     try:
       method = known.get(text.strip()) or parse_method(text)
     except ValueError as e:
-      raise ValueError(f'config.methods: {e}; this config declares: '
-                       f'{", ".join(known)}') from None
+      raise ValueError(f'config.methods: {e}; this config declares: {", ".join(known)}') from None
     if method.adaptive and not config.adaptive_gammas:
       raise ValueError(f'config.methods: {method.name} needs config.adaptive_gammas')
     if method.name not in {m.name for m in chosen}:
@@ -133,14 +150,18 @@ def build_methods(config) -> list[MethodSpec]:
   return chosen
 
 
-def build_engines(config, model: loader.LoadedModel,
-                  methods: list[MethodSpec]) -> dict[str, tuple[Engine, str]]:
+def build_engines(
+  config, model: loader.LoadedModel, methods: list[MethodSpec]
+) -> dict[str, tuple[Engine, str]]:
   """One engine per draft ('' for autoregressive only), all sharing the target's arrays."""
   mesh = None
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
-  params = (sharding_lib.shard_params(model.params, mesh) if mesh is not None
-            else jax.device_put(model.params))
+  params = (
+    sharding_lib.shard_params(model.params, mesh)
+    if mesh is not None
+    else jax.device_put(model.params)
+  )
   engines = {}
   for spec in dict.fromkeys(m.draft for m in methods):
     drafter, draft_params, label = None, None, ''
@@ -150,13 +171,23 @@ def build_engines(config, model: loader.LoadedModel,
       except ValueError as e:
         if not str(e).startswith('unknown model'):
           raise
-        raise ValueError(f'unknown draft {spec!r}: expected one of {", ".join(DRAFT_KINDS)}'
-                         ) from None
+        raise ValueError(
+          f'unknown draft {spec!r}: expected one of {", ".join(DRAFT_KINDS)}'
+        ) from None
       if hasattr(drafter, 'check_batch'):
         drafter.check_batch(config.batch_size)
-    engines[spec] = (Engine(params, model.cfg, eos_id=model.tokenizer.eos_id,
-                            cache_size=config.cache_size, mesh=mesh, drafter=drafter,
-                            draft_params=draft_params), label)
+    engines[spec] = (
+      Engine(
+        params,
+        model.cfg,
+        eos_id=model.tokenizer.eos_id,
+        cache_size=config.cache_size,
+        mesh=mesh,
+        drafter=drafter,
+        draft_params=draft_params,
+      ),
+      label,
+    )
   return engines
 
 
@@ -178,30 +209,46 @@ def measure_costs(config, engines, methods, slots: int, say) -> dict[str, costs_
   for spec, (engine, _) in engines.items():
     if not spec:
       continue
-    wanted = (set(COST_GAMMAS) | set(config.adaptive_gammas)
-              | {m.gamma for m in methods if m.draft == spec and m.gamma})
+    wanted = (
+      set(COST_GAMMAS)
+      | set(config.adaptive_gammas)
+      | {m.gamma for m in methods if m.draft == spec and m.gamma}
+    )
     gammas[spec] = sorted(g for g in wanted if g + 1 < slots)
     for g in gammas[spec]:
       if ('verify', g) not in pieces:
         pieces['verify', g] = costs_lib.timer_forward(base.params, base.cfg, b, g + 1, slots)
-      pieces[spec, g] = costs_lib.timer_propose(engine.drafter, engine.draft_params,
-                                                engine.params, engine.cfg, b, g, slots, sampling)
+      pieces[spec, g] = costs_lib.timer_propose(
+        engine.drafter, engine.draft_params, engine.params, engine.cfg, b, g, slots, sampling
+      )
   best = {k: float('inf') for k in pieces}
   for _ in range(5):
     for k, run in pieces.items():
       best[k] = min(best[k], run())
-  out = {spec: costs_lib.Costs(batch=b, slots=slots, target_ms=best['step', 0],
-                               draft_ms={g: best[spec, g] for g in gs},
-                               verify_ms={g: best['verify', g] for g in gs})
-         for spec, gs in gammas.items()}
+  out = {
+    spec: costs_lib.Costs(
+      batch=b,
+      slots=slots,
+      target_ms=best['step', 0],
+      draft_ms={g: best[spec, g] for g in gs},
+      verify_ms={g: best['verify', g] for g in gs},
+    )
+    for spec, gs in gammas.items()
+  }
   if out:
-    say(f'costs measured in {time.perf_counter() - start:.0f} s (batch {b}, {slots} slots): '
-        f'target step {best["step", 0]:.2f} ms; verify/step ' + ', '.join(
-            f'{g}: {best["verify", g] / best["step", 0]:.2f}'
-            for g in sorted(k[1] for k in pieces if k[0] == 'verify')))
+    say(
+      f'costs measured in {time.perf_counter() - start:.0f} s (batch {b}, {slots} slots): '
+      f'target step {best["step", 0]:.2f} ms; verify/step '
+      + ', '.join(
+        f'{g}: {best["verify", g] / best["step", 0]:.2f}'
+        for g in sorted(k[1] for k in pieces if k[0] == 'verify')
+      )
+    )
   for spec, c in out.items():
-    say(f'  {spec}: c = {c.c:.3f}; draft/step ' + ', '.join(
-        f'{g}: {c.units(g)[0]:.2f}' for g in gammas[spec]))
+    say(
+      f'  {spec}: c = {c.c:.3f}; draft/step '
+      + ', '.join(f'{g}: {c.units(g)[0]:.2f}' for g in gammas[spec])
+    )
   return out
 
 
@@ -211,8 +258,9 @@ def load_workload(config) -> list[prompts_lib.Prompt]:
   return prompts_lib.load_prompts(config.prompts, config.num_prompts)
 
 
-def main(config: ml_collections.ConfigDict, workdir: str | None = None,
-         verbose: bool = True) -> dict:
+def main(
+  config: ml_collections.ConfigDict, workdir: str | None = None, verbose: bool = True
+) -> dict:
   """Loads the model, runs every method on the workload, writes results; returns them.
 
   Methods run interleaved batch by batch (every method on a batch before the next
@@ -227,13 +275,17 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
   methods = build_methods(config)
   start = time.perf_counter()
   model = loader.load_model(config.model, config.dtype)
-  say(f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
-      f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s')
+  say(
+    f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
+    f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
+  )
   engines = build_engines(config, model, methods)
   for spec, (_, label) in engines.items():
     if spec:
-      say(f'draft {spec}: {label}' + ('  (an untrained stand-in: expect low acceptance)'
-                                     if 'untrained' in label else ''))
+      say(
+        f'draft {spec}: {label}'
+        + ('  (an untrained stand-in: expect low acceptance)' if 'untrained' in label else '')
+      )
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   encoded = []
   for p in workload:
@@ -242,34 +294,50 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None,
     except ValueError as e:
       raise ValueError(f'prompt {p.id!r}: {e}') from None
   base_engine = engines[''][0]
-  slots = base_engine.prepare(encoded[:config.batch_size], config.max_new_tokens)[4]
+  slots = base_engine.prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
   costs = measure_costs(config, engines, methods, slots, say) if config.measure_costs else {}
   adaptive = {}
   for m in methods:
     if m.adaptive:
-      adaptive[m.name] = (AdaptiveConfig.from_costs(costs[m.draft], config.adaptive_gammas)
-                          if m.draft in costs else AdaptiveConfig(gammas=config.adaptive_gammas))
+      adaptive[m.name] = (
+        AdaptiveConfig.from_costs(costs[m.draft], config.adaptive_gammas)
+        if m.draft in costs
+        else AdaptiveConfig(gammas=config.adaptive_gammas)
+      )
   records = {m.name: [] for m in methods}
   compile_seconds = {m.name: 0.0 for m in methods}
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
     for m in methods:
       out = engines[m.draft][0].generate(
-          [encoded[j] for j in batch], config.max_new_tokens, sampling, seed=config.seed + i,
-          gamma=m.gamma, verifier=config.verifier, adaptive=adaptive.get(m.name))
+        [encoded[j] for j in batch],
+        config.max_new_tokens,
+        sampling,
+        seed=config.seed + i,
+        gamma=m.gamma,
+        verifier=config.verifier,
+        adaptive=adaptive.get(m.name),
+      )
       compile_seconds[m.name] += out.compile_seconds
       for row, j in enumerate(batch):
-        records[m.name].append(_record(workload[j], encoded[j], out, row, model.tokenizer,
-                                       m.name, i // config.batch_size))
-    say(f'[{len(batch) + i}/{len(workload)}] ' + ', '.join(
-        f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s'
-        for m in methods))
+        records[m.name].append(
+          _record(
+            workload[j], encoded[j], out, row, model.tokenizer, m.name, i // config.batch_size
+          )
+        )
+    say(
+      f'[{len(batch) + i}/{len(workload)}] '
+      + ', '.join(
+        f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s' for m in methods
+      )
+    )
   drafts = {spec: label for spec, (_, label) in engines.items() if spec}
   summary = summarize(config, model, records, compile_seconds, drafts, methods, costs)
   if sampling.greedy:
     for name, m in summary['methods'].items():
-      m['near_ties'] = count_near_ties(base_engine, encoded, records[name],
-                                       records['autoregressive'])
+      m['near_ties'] = count_near_ties(
+        base_engine, encoded, records[name], records['autoregressive']
+      )
   write_results(out_dir, config, records, summary)
   if config.prompt or (verbose and len(workload) <= 4):
     show_texts(say, records, sampling)
@@ -284,14 +352,26 @@ def _record(prompt, ids, out, row, tokenizer, method, batch) -> dict:
   accepted = out.accepted[row] if out.accepted else []
   drafted = out.drafted[row] if out.drafted else []
   return {
-      'method': method, 'id': prompt.id, 'category': prompt.category, 'prompt': prompt.text,
-      'output': tokenizer.decode(tokens), 'tokens': tokens, 'prompt_tokens': len(ids),
-      'new_tokens': len(tokens), 'target_calls': len(accepted) + 1,
-      'accepted': accepted, 'drafted': drafted, 'gamma': out.gamma, 'batch': batch,
-      'prefill_ms': 1e3 * out.prefill_seconds, 'decode_ms': 1e3 * out.decode_seconds,
-      'batch_steps': out.steps, 'switches': out.switches,
-      'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
-      'decode_tokens_per_second': out.decode_tokens_per_second}
+    'method': method,
+    'id': prompt.id,
+    'category': prompt.category,
+    'prompt': prompt.text,
+    'output': tokenizer.decode(tokens),
+    'tokens': tokens,
+    'prompt_tokens': len(ids),
+    'new_tokens': len(tokens),
+    'target_calls': len(accepted) + 1,
+    'accepted': accepted,
+    'drafted': drafted,
+    'gamma': out.gamma,
+    'batch': batch,
+    'prefill_ms': 1e3 * out.prefill_seconds,
+    'decode_ms': 1e3 * out.decode_seconds,
+    'batch_steps': out.steps,
+    'switches': out.switches,
+    'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
+    'decode_tokens_per_second': out.decode_tokens_per_second,
+  }
 
 
 def show_texts(say, records, sampling) -> None:
@@ -319,8 +399,10 @@ def count_near_ties(engine: Engine, encoded, recs, baseline, threshold: float = 
   for ids, r, b in zip(encoded, recs, baseline):
     if r['tokens'] == b['tokens']:
       continue
-    first = next((i for i, (x, y) in enumerate(zip(r['tokens'], b['tokens'])) if x != y),
-                 min(len(r['tokens']), len(b['tokens'])))
+    first = next(
+      (i for i, (x, y) in enumerate(zip(r['tokens'], b['tokens'])) if x != y),
+      min(len(r['tokens']), len(b['tokens'])),
+    )
     context = list(ids) + b['tokens'][:first]
     cache = KVCache.init(engine.cfg, 1, len(context), engine.params['embed'].dtype)
     logits, _ = llama.forward(engine.params, jnp.asarray([context]), cache, engine.cfg)
@@ -353,22 +435,24 @@ def method_summary(recs, baseline, compile_seconds) -> dict:
   batches = {r['batch']: r for r in recs}.values()  # the decode loop's time is per batch
   decode_s = sum(r['decode_ms'] for r in batches) / 1e3
   return {
-      'gamma': recs[0]['gamma'], 'new_tokens': new,
-      'acceptance_rate': sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
-      'alpha': per_token_alpha(recs),
-      'tokens_per_call': new / max(sum(r['target_calls'] for r in recs), 1),
-      'decode_tokens_per_second': (new - len(recs)) / max(decode_s, 1e-9),
-      'tokens_per_second': new / max(sum(r['latency_ms'] for r in batches) / 1e3, 1e-9),
-      'iteration_ms': 1e3 * decode_s / max(sum(r['batch_steps'] for r in batches), 1),
-      'verified_fraction': (len(tried) / max(sum(len(r['drafted']) for r in recs), 1)
-                            if recs[0]['gamma'] else None),
-      'prefill_ms': percentiles([r['prefill_ms'] for r in recs]),
-      'latency_ms': percentiles(lat),
-      'latency_ms_per_token': percentiles([r['latency_ms'] / r['new_tokens'] for r in recs]),
-      'zero_accept_fraction': tried.count(0) / len(tried) if tried else None,
-      'greedy_mismatches': sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
-      'switches': sum(r['switches'] for r in batches),
-      'compile_seconds': compile_seconds,
+    'gamma': recs[0]['gamma'],
+    'new_tokens': new,
+    'acceptance_rate': sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
+    'alpha': per_token_alpha(recs),
+    'tokens_per_call': new / max(sum(r['target_calls'] for r in recs), 1),
+    'decode_tokens_per_second': (new - len(recs)) / max(decode_s, 1e-9),
+    'tokens_per_second': new / max(sum(r['latency_ms'] for r in batches) / 1e3, 1e-9),
+    'iteration_ms': 1e3 * decode_s / max(sum(r['batch_steps'] for r in batches), 1),
+    'verified_fraction': (
+      len(tried) / max(sum(len(r['drafted']) for r in recs), 1) if recs[0]['gamma'] else None
+    ),
+    'prefill_ms': percentiles([r['prefill_ms'] for r in recs]),
+    'latency_ms': percentiles(lat),
+    'latency_ms_per_token': percentiles([r['latency_ms'] / r['new_tokens'] for r in recs]),
+    'zero_accept_fraction': tried.count(0) / len(tried) if tried else None,
+    'greedy_mismatches': sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
+    'switches': sum(r['switches'] for r in batches),
+    'compile_seconds': compile_seconds,
   }
 
 
@@ -401,10 +485,13 @@ def predict(m: dict, recs, costs: costs_lib.Costs, method: MethodSpec) -> dict:
   measured_ms = m['iteration_ms']
   per_iter = lambda x: x / max(n, 1)
   return {
-      'c': costs.c,
-      'predicted_speedup': predicted,
-      'time_split_ms': {'draft': per_iter(draft_ms), 'verify': per_iter(verify_ms),
-                        'other': measured_ms - per_iter(draft_ms + verify_ms)},
+    'c': costs.c,
+    'predicted_speedup': predicted,
+    'time_split_ms': {
+      'draft': per_iter(draft_ms),
+      'verify': per_iter(verify_ms),
+      'other': measured_ms - per_iter(draft_ms + verify_ms),
+    },
   }
 
 
@@ -431,15 +518,17 @@ def best_gamma_per_category(summary, costs) -> dict:
   return out
 
 
-def summarize(config, model, records, compile_seconds, drafts=None, methods=None,
-              costs=None) -> dict:
+def summarize(
+  config, model, records, compile_seconds, drafts=None, methods=None, costs=None
+) -> dict:
   """Per method: acceptance, tokens per target call, speed, latency percentiles, speedup,
   and (with measured costs) the cost model's prediction."""
   costs = costs or {}
   specs = {m.name: m for m in (methods or [])}
   baseline = records['autoregressive']
-  out = {name: method_summary(recs, baseline, compile_seconds[name])
-         for name, recs in records.items()}
+  out = {
+    name: method_summary(recs, baseline, compile_seconds[name]) for name, recs in records.items()
+  }
   base = out['autoregressive']
   categories = sorted({r['category'] for r in baseline})
   for name, m in out.items():
@@ -458,18 +547,25 @@ def summarize(config, model, records, compile_seconds, drafts=None, methods=None
       del sub['compile_seconds']
       sub['_drafted'] = sum(sum(records[name][i]['drafted']) for i in pick)
       if spec is not None and spec.draft in costs:
-        sub['predicted_speedup'] = predict(sub, [records[name][i] for i in pick],
-                                           costs[spec.draft], spec)['predicted_speedup']
+        sub['predicted_speedup'] = predict(
+          sub, [records[name][i] for i in pick], costs[spec.draft], spec
+        )['predicted_speedup']
       m['categories'][cat] = sub
   for m in out.values():
     for cat, sub in m['categories'].items():
       ref = base['categories'][cat]
       sub['speedup'] = sub['tokens_per_second'] / ref['tokens_per_second']
       sub['decode_speedup'] = sub['decode_tokens_per_second'] / ref['decode_tokens_per_second']
-  summary = {'model': model.source, 'drafts': drafts or {}, 'verifier': config.verifier,
-             'temperature': config.temperature, 'batch_size': config.batch_size,
-             'num_prompts': len(baseline), 'methods': out,
-             'costs': {spec: c.to_json() for spec, c in costs.items()}}
+  summary = {
+    'model': model.source,
+    'drafts': drafts or {},
+    'verifier': config.verifier,
+    'temperature': config.temperature,
+    'batch_size': config.batch_size,
+    'num_prompts': len(baseline),
+    'methods': out,
+    'costs': {spec: c.to_json() for spec, c in costs.items()},
+  }
   summary['best_gamma'] = best_gamma_per_category(summary, costs)
   for m in out.values():
     m.pop('_drafted')
@@ -480,30 +576,39 @@ def summarize(config, model, records, compile_seconds, drafts=None, methods=None
 
 def format_table(summary) -> str:
   greedy = summary['temperature'] == 0
-  head = (f'{"method":<26}{"accept":>7}{"alpha":>6}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
-          f'{"predicted":>10}{"p50 ms":>8}{"p99 ms":>8}{"ms/tok p99":>11}{"mismatch":>9}')
+  head = (
+    f'{"method":<26}{"accept":>7}{"alpha":>6}{"tok/call":>9}{"tok/s":>8}{"speedup":>8}'
+    f'{"predicted":>10}{"p50 ms":>8}{"p99 ms":>8}{"ms/tok p99":>11}{"mismatch":>9}'
+  )
   lines = [head]
   for name, m in summary['methods'].items():
     acc = '-' if m['acceptance_rate'] is None else f'{m["acceptance_rate"]:.2f}'
     alpha = '-' if m['alpha'] is None else f'{m["alpha"]:.2f}'
     pred = f'{m["predicted_speedup"]:.2f}x' if 'predicted_speedup' in m else '-'
     mismatch = m['greedy_mismatches'] if greedy else '-'
-    lines.append(f'{name:<26}{acc:>7}{alpha:>6}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
-                 f'{m["speedup"]:>7.2f}x{pred:>10}{m["latency_ms"]["p50"]:>8.0f}'
-                 f'{m["latency_ms"]["p99"]:>8.0f}{m["latency_ms_per_token"]["p99"]:>11.1f}'
-                 f'{mismatch:>9}')
-  lines.append('(accept: accepted / drafted tokens; alpha: per-token acceptance probability; '
-               'speedup: end to end, prefill included; predicted: the cost model on the decode '
-               'loop, compare with decode_speedup in results.json)')
+    lines.append(
+      f'{name:<26}{acc:>7}{alpha:>6}{m["tokens_per_call"]:>9.2f}{m["tokens_per_second"]:>8.1f}'
+      f'{m["speedup"]:>7.2f}x{pred:>10}{m["latency_ms"]["p50"]:>8.0f}'
+      f'{m["latency_ms"]["p99"]:>8.0f}{m["latency_ms_per_token"]["p99"]:>11.1f}'
+      f'{mismatch:>9}'
+    )
+  lines.append(
+    '(accept: accepted / drafted tokens; alpha: per-token acceptance probability; '
+    'speedup: end to end, prefill included; predicted: the cost model on the decode '
+    'loop, compare with decode_speedup in results.json)'
+  )
   return '\n'.join(lines)
 
 
 def format_best_gamma(summary) -> str:
   lines = []
   for spec, cats in summary.get('best_gamma', {}).items():
-    parts = [f'{cat}: ' + ('off' if b['gamma'] == 0 else
-                           f'gamma={b["gamma"]} ({b["predicted_speedup"]:.2f}x)')
-             + f' at alpha {b["alpha"]:.2f}' for cat, b in cats.items()]
+    parts = [
+      f'{cat}: '
+      + ('off' if b['gamma'] == 0 else f'gamma={b["gamma"]} ({b["predicted_speedup"]:.2f}x)')
+      + f' at alpha {b["alpha"]:.2f}'
+      for cat, b in cats.items()
+    ]
     lines.append(f'best gamma by the cost model, {spec}: ' + '; '.join(parts))
   return '\n'.join(lines)
 

@@ -33,8 +33,10 @@ from specjax.drafters import ConsensusDrafter, NgramDrafter
 from specjax.models import loader
 
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?(?:/\d+)?')
-_MARKED = (re.compile(r'\\boxed\{([^{}]*)\}'),
-           re.compile(r'answer\s*(?:is|:)\s*\**\s*\$?\s*(-?[\d,./]+)', re.IGNORECASE))
+_MARKED = (
+  re.compile(r'\\boxed\{([^{}]*)\}'),
+  re.compile(r'answer\s*(?:is|:)\s*\**\s*\$?\s*(-?[\d,./]+)', re.IGNORECASE),
+)
 
 
 def normalize_number(text: str) -> str:
@@ -77,28 +79,44 @@ def tokens_per_call(out: GenerationOutput) -> float:
   return out.num_generated / max(calls, 1)
 
 
-def run_paths(engine: Engine, prompt: Sequence[int], n: int, max_new: int,
-              sampling: SamplingConfig, seed: int = 0, gamma: int = 0,
-              verifier: str = 'rejection') -> GenerationOutput:
+def run_paths(
+  engine: Engine,
+  prompt: Sequence[int],
+  n: int,
+  max_new: int,
+  sampling: SamplingConfig,
+  seed: int = 0,
+  gamma: int = 0,
+  verifier: str = 'rejection',
+) -> GenerationOutput:
   """Decodes n paths of one prompt as one batch of n copies."""
-  return engine.generate([list(prompt)] * n, max_new, sampling, seed=seed, gamma=gamma,
-                         verifier=verifier)
+  return engine.generate(
+    [list(prompt)] * n, max_new, sampling, seed=seed, gamma=gamma, verifier=verifier
+  )
 
 
 def method_stats(out: GenerationOutput) -> dict:
   seconds = out.prefill_seconds + out.decode_seconds
-  return {'tokens': out.num_generated, 'target_calls': out.target_calls,
-          'tokens_per_call': tokens_per_call(out), 'seconds': seconds,
-          'tokens_per_second': out.num_generated / max(seconds, 1e-9),
-          'acceptance_rate': None if np.isnan(out.acceptance_rate) else out.acceptance_rate,
-          'compile_seconds': out.compile_seconds}
+  return {
+    'tokens': out.num_generated,
+    'target_calls': out.target_calls,
+    'tokens_per_call': tokens_per_call(out),
+    'seconds': seconds,
+    'tokens_per_second': out.num_generated / max(seconds, 1e-9),
+    'acceptance_rate': None if np.isnan(out.acceptance_rate) else out.acceptance_rate,
+    'compile_seconds': out.compile_seconds,
+  }
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
   config_lib.check(c.n >= 2, 'n', c.n, 'an integer >= 2 (paths per prompt)')
   config_lib.check(c.gamma >= 1, 'gamma', c.gamma, 'an integer >= 1')
-  config_lib.check(c.temperature > 0, 'temperature', c.temperature,
-                   '> 0: self-consistency samples different paths (at 0 all N are the same)')
+  config_lib.check(
+    c.temperature > 0,
+    'temperature',
+    c.temperature,
+    '> 0: self-consistency samples different paths (at 0 all N are the same)',
+  )
   config_lib.check(c.num_prompts >= 1, 'num_prompts', c.num_prompts, 'an integer >= 1')
   config_lib.check(c.max_new_tokens >= 1, 'max_new_tokens', c.max_new_tokens, 'an integer >= 1')
   verifiers = sorted(set(verify.VERIFIERS) - {'greedy'})
@@ -109,38 +127,61 @@ def validate(c: ml_collections.ConfigDict) -> None:
 def build_engines(c, model) -> dict[str, Engine]:
   """'consensus' (always), 'ngram' (if asked); gamma 0 runs on the consensus engine."""
   vocab = model.cfg.vocab_size
-  drafter = ConsensusDrafter(vocab, group=c.n, k=c.k, max_mismatches=c.max_mismatches,
-                             n_max=c.n_max, proposal=c.proposal)
+  drafter = ConsensusDrafter(
+    vocab, group=c.n, k=c.k, max_mismatches=c.max_mismatches, n_max=c.n_max, proposal=c.proposal
+  )
   eos = model.tokenizer.eos_id
-  engines = {'consensus': Engine(model.params, model.cfg, eos_id=eos, cache_size=c.cache_size,
-                                 drafter=drafter)}
+  engines = {
+    'consensus': Engine(
+      model.params, model.cfg, eos_id=eos, cache_size=c.cache_size, drafter=drafter
+    )
+  }
   if c.compare_ngram:  # shares the first engine's device arrays
-    engines['ngram'] = Engine(engines['consensus'].params, model.cfg, eos_id=eos,
-                              cache_size=c.cache_size, drafter=NgramDrafter(vocab, n_max=c.n_max))
+    engines['ngram'] = Engine(
+      engines['consensus'].params,
+      model.cfg,
+      eos_id=eos,
+      cache_size=c.cache_size,
+      drafter=NgramDrafter(vocab, n_max=c.n_max),
+    )
   return engines
 
 
 def solve(engines, prompt: prompts_lib.Prompt, ids, c, sampling, seed, tokenizer) -> tuple:
   """One prompt: every method's N paths, the consensus paths' answers and vote."""
-  outs = {'consensus': run_paths(engines['consensus'], ids, c.n, c.max_new_tokens, sampling,
-                                 seed, c.gamma, c.verifier)}
+  outs = {
+    'consensus': run_paths(
+      engines['consensus'], ids, c.n, c.max_new_tokens, sampling, seed, c.gamma, c.verifier
+    )
+  }
   if c.compare_plain:
-    outs['autoregressive'] = run_paths(engines['consensus'], ids, c.n, c.max_new_tokens,
-                                       sampling, seed)
+    outs['autoregressive'] = run_paths(
+      engines['consensus'], ids, c.n, c.max_new_tokens, sampling, seed
+    )
   if 'ngram' in engines:
-    outs['ngram'] = run_paths(engines['ngram'], ids, c.n, c.max_new_tokens, sampling, seed,
-                              c.gamma, c.verifier)
+    outs['ngram'] = run_paths(
+      engines['ngram'], ids, c.n, c.max_new_tokens, sampling, seed, c.gamma, c.verifier
+    )
   texts = [tokenizer.decode(t) for t in outs['consensus'].tokens]
   answers = [extract_answer(t) for t in texts]
   vote, count = majority_vote(answers)
   stats = {name: method_stats(out) for name, out in outs.items()}
-  record = {'id': prompt.id, 'category': prompt.category, 'answers': answers, 'vote': vote,
-            'vote_count': count, 'methods': stats}
+  record = {
+    'id': prompt.id,
+    'category': prompt.category,
+    'answers': answers,
+    'vote': vote,
+    'vote_count': count,
+    'methods': stats,
+  }
   if 'autoregressive' in stats:
     base = stats['autoregressive']['tokens_per_second']
     record['speedup'] = {k: s['tokens_per_second'] / base for k, s in stats.items()}
-  texts_out = [{'id': prompt.id, 'method': name, 'path': i, 'text': tokenizer.decode(t)}
-               for name, out in outs.items() for i, t in enumerate(out.tokens)]
+  texts_out = [
+    {'id': prompt.id, 'method': name, 'path': i, 'text': tokenizer.decode(t)}
+    for name, out in outs.items()
+    for i, t in enumerate(out.tokens)
+  ]
   return record, texts_out
 
 
@@ -150,29 +191,37 @@ def summarize(records) -> dict:
   for name in methods:
     tokens = sum(r['methods'][name]['tokens'] for r in records)
     seconds = sum(r['methods'][name]['seconds'] for r in records)
-    out[name] = {'tokens_per_call_mean': float(np.mean(
-                     [r['methods'][name]['tokens_per_call'] for r in records])),
-                 'tokens_per_second': tokens / max(seconds, 1e-9)}
+    out[name] = {
+      'tokens_per_call_mean': float(
+        np.mean([r['methods'][name]['tokens_per_call'] for r in records])
+      ),
+      'tokens_per_second': tokens / max(seconds, 1e-9),
+    }
   if 'autoregressive' in out:
     base = out['autoregressive']['tokens_per_second']
     for s in out.values():
       s['speedup'] = s['tokens_per_second'] / base
   if 'ngram' in out:
     out['consensus']['tokens_per_call_vs_ngram'] = (
-        out['consensus']['tokens_per_call_mean'] / out['ngram']['tokens_per_call_mean'])
+      out['consensus']['tokens_per_call_mean'] / out['ngram']['tokens_per_call_mean']
+    )
   return out
 
 
 def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=print) -> dict:
   """Runs self-consistency on config's prompts; returns (and writes) the results."""
   from specjax import run_lib
+
   c = config
   validate(c)
   out_dir = run_lib.make_workdir(workdir)
   model = loader.load_model(c.model)
   sampling = SamplingConfig(c.temperature, c.top_k, c.top_p)
-  prompts = ([prompts_lib.Prompt('prompt', c.prompt, 'prompt')] if c.prompt
-             else prompts_lib.load_prompts(c.prompts, c.num_prompts))
+  prompts = (
+    [prompts_lib.Prompt('prompt', c.prompt, 'prompt')]
+    if c.prompt
+    else prompts_lib.load_prompts(c.prompts, c.num_prompts)
+  )
   engines = build_engines(c, model)
   records, texts = [], []
   for i, prompt in enumerate(prompts):
@@ -181,12 +230,18 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=prin
     records.append(record)
     texts += paths
     cons = record['methods']['consensus']
-    say(f'[{prompt.id}] vote {record["vote"]!r} ({record["vote_count"]}/{c.n}); consensus '
-        f'{cons["tokens_per_call"]:.2f} tokens/call'
-        + (f', {record["speedup"]["consensus"]:.2f}x plain' if 'speedup' in record else ''))
-  results = {'config': c.to_dict(), 'model': model.source, 'drafter':
-             engines['consensus'].drafter.describe(), 'prompts': records,
-             'summary': summarize(records)}
+    say(
+      f'[{prompt.id}] vote {record["vote"]!r} ({record["vote_count"]}/{c.n}); consensus '
+      f'{cons["tokens_per_call"]:.2f} tokens/call'
+      + (f', {record["speedup"]["consensus"]:.2f}x plain' if 'speedup' in record else '')
+    )
+  results = {
+    'config': c.to_dict(),
+    'model': model.source,
+    'drafter': engines['consensus'].drafter.describe(),
+    'prompts': records,
+    'summary': summarize(records),
+  }
   (out_dir / 'results.json').write_text(json.dumps(results, indent=1))
   with open(out_dir / 'texts.jsonl', 'w') as f:
     f.writelines(json.dumps(t) + '\n' for t in texts)
@@ -198,8 +253,10 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=prin
 def _cli(argv):
   from absl import app, flags
   from ml_collections import config_flags
-  config = config_flags.DEFINE_config_file('config', None, 'configs/self_consistency.py',
-                                           lock_config=True)
+
+  config = config_flags.DEFINE_config_file(
+    'config', None, 'configs/self_consistency.py', lock_config=True
+  )
   workdir = flags.DEFINE_string('workdir', None, 'Where results go (default runs/<UTC time>).')
 
   def run(args):

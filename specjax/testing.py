@@ -7,13 +7,31 @@ import jax
 from specjax.models import llama
 
 
-def tiny_config(vocab_size: int = 64, n_layers: int = 2, d_model: int = 32, n_heads: int = 4,
-                n_kv_heads: int = 2, head_dim: int = 8, ffn_dim: int = 48,
-                tie_embeddings: bool = True, max_seq_len: int = 256) -> llama.LlamaConfig:
-  return llama.LlamaConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
-                           n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                           ffn_dim=ffn_dim, rope_base=10000.0, norm_eps=1e-5,
-                           tie_embeddings=tie_embeddings, max_seq_len=max_seq_len, name='tiny')
+def tiny_config(
+  vocab_size: int = 64,
+  n_layers: int = 2,
+  d_model: int = 32,
+  n_heads: int = 4,
+  n_kv_heads: int = 2,
+  head_dim: int = 8,
+  ffn_dim: int = 48,
+  tie_embeddings: bool = True,
+  max_seq_len: int = 256,
+) -> llama.LlamaConfig:
+  return llama.LlamaConfig(
+    vocab_size=vocab_size,
+    d_model=d_model,
+    n_layers=n_layers,
+    n_heads=n_heads,
+    n_kv_heads=n_kv_heads,
+    head_dim=head_dim,
+    ffn_dim=ffn_dim,
+    rope_base=10000.0,
+    norm_eps=1e-5,
+    tie_embeddings=tie_embeddings,
+    max_seq_len=max_seq_len,
+    name='tiny',
+  )
 
 
 def tiny_model(seed: int = 0, scale: float = 0.2, **overrides):
@@ -48,8 +66,16 @@ def successor_model(vocab_size: int = 64):
   One-hot embeddings (d_model = vocab_size), attention and MLP outputs zeroed, and an
   untied head that maps each one-hot to its successor: predictable by construction.
   """
-  cfg = tiny_config(vocab_size=vocab_size, d_model=vocab_size, n_layers=1, n_heads=4,
-                    n_kv_heads=2, head_dim=8, ffn_dim=16, tie_embeddings=False)
+  cfg = tiny_config(
+    vocab_size=vocab_size,
+    d_model=vocab_size,
+    n_layers=1,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    ffn_dim=16,
+    tie_embeddings=False,
+  )
   params = llama.init_params(cfg, jax.random.key(0), scale=0.02)
   eye = jax.numpy.eye(vocab_size)
   params['embed'] = eye

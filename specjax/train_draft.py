@@ -14,8 +14,9 @@ from ml_collections import config_flags
 
 from specjax.train import trainer
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Distillation config (configs/*.py).',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Distillation config (configs/*.py).', lock_config=True
+)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, plots and the draft.')
 _BAR = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 
@@ -31,8 +32,10 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  print('final evaluation: ' + ', '.join(f'{k}={v:.4f}' for k, v in result.items()
-                                         if isinstance(v, float)))
+  print(
+    'final evaluation: '
+    + ', '.join(f'{k}={v:.4f}' for k, v in result.items() if isinstance(v, float))
+  )
 
 
 if __name__ == '__main__':

@@ -25,6 +25,7 @@ def _bounded_compiled_programs():
   yield
   if _map_count() > MAPS_BEFORE_CLEARING:
     import jax
+
     jax.clear_caches()
     gc.collect()
 
@@ -33,6 +34,7 @@ def _bounded_compiled_programs():
 def smollm2():
   """specjax's LoadedModel of SmolLM2-135M-Instruct (fetched into the cache on first use)."""
   from specjax.models import loader
+
   return loader.load_model('smollm2-135m-instruct')
 
 
@@ -43,7 +45,9 @@ def hf_smollm2():
   import transformers
 
   from specjax import assets
+
   path = assets.fetch('smollm2-135m-instruct')
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    str(path.parent), gguf_file=path.name, dtype=torch.float32
+  )
   return model.eval()

@@ -69,9 +69,16 @@ def test_bad_settings_are_named():
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], [7], [2, 7, 1, 8, 2, 8, 1]]
 # Settings that switch often: a pessimistic start, frequent probes, no hysteresis.
-JUMPY = adaptive.AdaptiveConfig(gammas=(1, 3, 5), draft_cost=(0.3, 0.9, 1.5),
-                                verify_cost=(1.0, 1.0, 1.0), prior_alpha=0.0, hysteresis=0.0,
-                                probe_every=3, start_on=False, decay=0.5)
+JUMPY = adaptive.AdaptiveConfig(
+  gammas=(1, 3, 5),
+  draft_cost=(0.3, 0.9, 1.5),
+  verify_cost=(1.0, 1.0, 1.0),
+  prior_alpha=0.0,
+  hysteresis=0.0,
+  probe_every=3,
+  start_on=False,
+  decay=0.5,
+)
 
 
 @pytest.fixture(scope='module')
@@ -81,8 +88,9 @@ def target():
 
 def engine_with(target, drafter, draft_params, cache=128):
   cfg, params = target
-  return Engine(params, cfg, eos_id=-1, cache_size=cache, drafter=drafter,
-                draft_params=draft_params)
+  return Engine(
+    params, cfg, eos_id=-1, cache_size=cache, drafter=drafter, draft_params=draft_params
+  )
 
 
 def drafts(target):
@@ -90,16 +98,27 @@ def drafts(target):
   small_cfg, small = testing.tiny_model(seed=11, n_layers=1, d_model=16, n_heads=2, n_kv_heads=1)
   trunc_cfg, trunc = truncated_target(cfg, params, 1)
   from specjax.drafters.distilled import DistilledDrafter, init_from_target
+
   dist_cfg, dist = init_from_target(cfg, params, (0,), np.arange(0, cfg.vocab_size, 2))
-  return {'random tiny model': (ModelDrafter(small_cfg), small),
-          'reduced-vocabulary draft': (DistilledDrafter(dist_cfg), dist),
-          'truncated target': (ModelDrafter(trunc_cfg), trunc),
-          'skip layers': (ModelDrafter(cfg, layers=(0, 2)), params),
-          'prompt lookup': (NgramDrafter(cfg.vocab_size), None)}
+  return {
+    'random tiny model': (ModelDrafter(small_cfg), small),
+    'reduced-vocabulary draft': (DistilledDrafter(dist_cfg), dist),
+    'truncated target': (ModelDrafter(trunc_cfg), trunc),
+    'skip layers': (ModelDrafter(cfg, layers=(0, 2)), params),
+    'prompt lookup': (NgramDrafter(cfg.vocab_size), None),
+  }
 
 
-@pytest.mark.parametrize('name', ['random tiny model', 'truncated target', 'skip layers',
-                                  'reduced-vocabulary draft', 'prompt lookup'])
+@pytest.mark.parametrize(
+  'name',
+  [
+    'random tiny model',
+    'truncated target',
+    'skip layers',
+    'reduced-vocabulary draft',
+    'prompt lookup',
+  ],
+)
 def test_adaptive_greedy_equals_target_greedy(target, name):
   engine = engine_with(target, *drafts(target)[name])
   reference = engine.generate(PROMPTS, 40).tokens
@@ -153,11 +172,13 @@ def test_adaptive_sampling_matches_the_target():
   from specjax.decode.sampling import probabilities
   from specjax.models import llama
   from specjax.models.kv_cache import KVCache
+
   vocab, prompt, n = 4, [1, 2], 30000
   cfg, params = testing.tiny_model(seed=21, vocab_size=vocab, n_layers=2, scale=0.5)
   draft_cfg, draft = testing.tiny_model(seed=22, vocab_size=vocab, n_layers=1, scale=0.5)
-  engine = Engine(params, cfg, eos_id=-1, cache_size=16, drafter=ModelDrafter(draft_cfg),
-                  draft_params=draft)
+  engine = Engine(
+    params, cfg, eos_id=-1, cache_size=16, drafter=ModelDrafter(draft_cfg), draft_params=draft
+  )
   sampling = SamplingConfig(temperature=1.0)
   # Starts off, probes after one plain step, then drafts: both kinds of iteration run.
   config = adaptive.AdaptiveConfig(gammas=(1, 2), start_on=False, probe_every=1)
@@ -168,10 +189,10 @@ def test_adaptive_sampling_matches_the_target():
   tokens = jnp.asarray(np.concatenate([np.tile(prompt, (len(seqs), 1)), seqs], 1))
   logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)
   probs = np.asarray(probabilities(logits, sampling), np.float64)
-  exact = np.prod([probs[np.arange(len(seqs)), len(prompt) - 1 + j, seqs[:, j]]
-                   for j in range(4)], axis=0)
-  counts = np.bincount(np.array(out.tokens) @ (vocab ** np.arange(4)[::-1]),
-                       minlength=len(seqs))
+  exact = np.prod(
+    [probs[np.arange(len(seqs)), len(prompt) - 1 + j, seqs[:, j]] for j in range(4)], axis=0
+  )
+  counts = np.bincount(np.array(out.tokens) @ (vocab ** np.arange(4)[::-1]), minlength=len(seqs))
   expected = exact / exact.sum() * n
   big = expected >= 5
   obs = np.append(counts[big], counts[~big].sum())

@@ -35,6 +35,7 @@ def test_masked_forward_with_every_layer_is_the_model():
   from specjax import testing
   from specjax.models import llama
   from specjax.models.kv_cache import KVCache
+
   cfg, params = testing.tiny_model(seed=2, n_layers=3)
   tokens = jnp.array([[5, 9, 2, 7, 1, 3], [4, 4, 8, 0, 0, 0]])
   lengths = jnp.array([6, 3])
@@ -48,8 +49,9 @@ def test_masked_forward_with_every_layer_is_the_model():
 
 def test_calibration_writes_a_valid_config(tmp_path):
   out = tmp_path / 'layerskip_tiny.py'
-  result = cs.calibrate('tiny', str(out), max_new=8, num_prompts=2, gammas=(1, 2),
-                        measure_top=1, say=lambda *a: None)
+  result = cs.calibrate(
+    'tiny', str(out), max_new=8, num_prompts=2, gammas=(1, 2), measure_top=1, say=lambda *a: None
+  )
   report = json.loads((tmp_path / 'layerskip_tiny.json').read_text())
   assert report['chosen'] == json.loads(json.dumps(result['chosen']))
   assert all(c['measured'] is None or c['measured']['speedup'] > 0 for c in report['candidates'])
@@ -64,11 +66,14 @@ def test_calibration_writes_a_valid_config(tmp_path):
   assert set(kept).isdisjoint(result['chosen']['skipped'])
 
 
-@pytest.mark.parametrize('kwargs,match', [
+@pytest.mark.parametrize(
+  'kwargs,match',
+  [
     ({'measure_top': 0}, 'measure_top must be >= 1'),
     ({'num_prompts': 99}, 'num_prompts must lie in'),
     ({'gammas': (0,)}, 'gammas must be integers >= 1'),
-])
+  ],
+)
 def test_bad_settings_are_named(tmp_path, kwargs, match):
   with pytest.raises(ValueError, match=match):
     cs.calibrate('tiny', str(tmp_path / 'x.py'), **kwargs)

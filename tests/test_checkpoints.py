@@ -54,8 +54,11 @@ def same_config(loaded: LlamaConfig, cfg: LlamaConfig) -> bool:
 
 def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
   """Verbatim from llama.cpp's convert_hf_to_gguf.py (LlamaModel.permute), for HF (out, in)."""
-  return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-          .swapaxes(1, 2).reshape(weights.shape))
+  return (
+    weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+    .swapaxes(1, 2)
+    .reshape(weights.shape)
+  )
 
 
 def gguf_array(w: np.ndarray, kind: str, cfg: LlamaConfig) -> np.ndarray:
@@ -80,9 +83,15 @@ def encode(w: np.ndarray, qtype: QType) -> tuple[np.ndarray, QType]:
   return gguf.quants.quantize(w, qtype), qtype
 
 
-def write_gguf(path: pathlib.Path, cfg: LlamaConfig, params: dict, qtype: QType = QType.F32,
-               arch: str = 'llama', key_length: bool = False,
-               tensors: dict | None = None) -> pathlib.Path:
+def write_gguf(
+  path: pathlib.Path,
+  cfg: LlamaConfig,
+  params: dict,
+  qtype: QType = QType.F32,
+  arch: str = 'llama',
+  key_length: bool = False,
+  tensors: dict | None = None,
+) -> pathlib.Path:
   """Writes a tiny llama GGUF as llama.cpp's converter would.
 
   `tensors` adds or replaces tensors: name -> array, (raw bytes, type), or None to leave it out.
@@ -102,8 +111,10 @@ def write_gguf(path: pathlib.Path, cfg: LlamaConfig, params: dict, qtype: QType 
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
   writer.add_token_list([f'<t{i}>' for i in range(cfg.vocab_size)])
-  arrays = {name: gguf_array(gguf_io._get(params, tree_path), kind, cfg)
-            for name, tree_path, kind in gguf_io.tensor_table(cfg)}
+  arrays = {
+    name: gguf_array(gguf_io._get(params, tree_path), kind, cfg)
+    for name, tree_path, kind in gguf_io.tensor_table(cfg)
+  }
   arrays.update(tensors or {})
   for name, w in arrays.items():
     if w is None:
@@ -127,11 +138,14 @@ def test_permutation_is_llama_cpps_and_inverted():
     np.testing.assert_array_equal(gguf_io.unpermute_rows(llama_cpp_permute(w, n_head), n_head), w)
 
 
-@pytest.mark.parametrize('overrides,key_length', [
-  ({}, False),
-  ({'tie_embeddings': False}, False),
-  ({'head_dim': 16, 'n_kv_heads': 1, 'tie_embeddings': False}, True),  # head_dim != d / heads
-])
+@pytest.mark.parametrize(
+  'overrides,key_length',
+  [
+    ({}, False),
+    ({'tie_embeddings': False}, False),
+    ({'head_dim': 16, 'n_kv_heads': 1, 'tie_embeddings': False}, True),  # head_dim != d / heads
+  ],
+)
 def test_load_gguf_f32_recovers_params(tmp_path, overrides, key_length):
   cfg, params = tiny(**overrides)
   path = write_gguf(tmp_path / 'tiny.gguf', cfg, params, key_length=key_length)
@@ -157,8 +171,9 @@ def test_load_gguf_q8_0_matches_gguf_dequantisation(tmp_path):
     np.testing.assert_array_equal(gguf_io._get(loaded, tree_path), expected, err_msg=name)
     np.testing.assert_allclose(gguf_io._get(loaded, tree_path), original, atol=0.01, err_msg=name)
   reference = logits(cfg, params)  # Q8_0 keeps ~2-3 significant digits per weight
-  np.testing.assert_allclose(logits(loaded_cfg, loaded), reference,
-                             atol=0.05 * np.abs(reference).max())
+  np.testing.assert_allclose(
+    logits(loaded_cfg, loaded), reference, atol=0.05 * np.abs(reference).max()
+  )
 
 
 def test_load_gguf_dtype(tmp_path):
@@ -180,9 +195,15 @@ def test_load_gguf_corrupt_file(tmp_path, damage):
   cfg, params = tiny()
   path = write_gguf(tmp_path / 'bad.gguf', cfg, params)
   data = path.read_bytes()
-  path.write_bytes({'half': data[:len(data) // 2], 'tail': data[:-10], 'empty': b'',
-                    'garbage': np.random.default_rng(0).bytes(4096),
-                    'header': data[:40]}[damage])
+  path.write_bytes(
+    {
+      'half': data[: len(data) // 2],
+      'tail': data[:-10],
+      'empty': b'',
+      'garbage': np.random.default_rng(0).bytes(4096),
+      'header': data[:40],
+    }[damage]
+  )
   with pytest.raises(ValueError, match=r'bad\.gguf.*truncated or corrupt.*fetch it again'):
     gguf_io.load_gguf(path, progress=False)
 
@@ -198,8 +219,11 @@ def test_load_gguf_wrong_shape(tmp_path):
   cfg, params = tiny()
   bad = np.zeros((cfg.ffn_dim + 4, cfg.d_model), np.float32)
   path = write_gguf(tmp_path / 'shape.gguf', cfg, params, tensors={'blk.1.ffn_up.weight': bad})
-  with pytest.raises(ValueError, match=r"shape\.gguf: tensor 'blk\.1\.ffn_up\.weight' has shape "
-                     r'\(52, 32\), expected \(48, 32\)'):
+  with pytest.raises(
+    ValueError,
+    match=r"shape\.gguf: tensor 'blk\.1\.ffn_up\.weight' has shape "
+    r'\(52, 32\), expected \(48, 32\)',
+  ):
     gguf_io.load_gguf(path, progress=False)
 
 
@@ -218,8 +242,9 @@ def test_load_gguf_unsupported_type(tmp_path):
   cfg, params = tiny()
   block, size = gguf.GGML_QUANT_SIZES[QType.Q8_1]  # the gguf package cannot dequantise Q8_1
   raw = np.zeros((cfg.n_heads * cfg.head_dim, cfg.d_model // block * size), np.uint8)
-  path = write_gguf(tmp_path / 'q81.gguf', cfg, params,
-                    tensors={'blk.0.attn_q.weight': (raw, QType.Q8_1)})
+  path = write_gguf(
+    tmp_path / 'q81.gguf', cfg, params, tensors={'blk.0.attn_q.weight': (raw, QType.Q8_1)}
+  )
   with pytest.raises(ValueError, match=r"q81\.gguf: tensor 'blk\.0\.attn_q\.weight' has type Q8_1"):
     gguf_io.load_gguf(path, progress=False)
 
@@ -227,23 +252,45 @@ def test_load_gguf_unsupported_type(tmp_path):
 @pytest.fixture(scope='module')
 def smollm2_path() -> pathlib.Path:
   from specjax import assets
+
   return assets.fetch('smollm2-135m-instruct')
 
 
 @pytest.mark.slow
 def test_load_real_smollm2(smollm2_path):
   cfg, params = gguf_io.load_gguf(smollm2_path, progress=False)
-  assert same_config(cfg, LlamaConfig(
-    vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
-    ffn_dim=1536, rope_base=100000.0, norm_eps=1e-5, tie_embeddings=True, max_seq_len=8192))
+  assert same_config(
+    cfg,
+    LlamaConfig(
+      vocab_size=49152,
+      d_model=576,
+      n_layers=30,
+      n_heads=9,
+      n_kv_heads=3,
+      head_dim=64,
+      ffn_dim=1536,
+      rope_base=100000.0,
+      norm_eps=1e-5,
+      tie_embeddings=True,
+      max_seq_len=8192,
+    ),
+  )
   reader = gguf.GGUFReader(smollm2_path)
   tensors = {t.name: t for t in reader.tensors}
   deq = lambda name: gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type)
   cases = [  # GGUF name, tree path, its type, the array the loader should produce
-    ('blk.3.attn_q.weight', ('layers', 3, 'wq'), QType.Q4_1,
-     lambda w: gguf_io.unpermute_rows(w, 9).T),
-    ('blk.7.attn_k.weight', ('layers', 7, 'wk'), QType.Q4_1,
-     lambda w: gguf_io.unpermute_rows(w, 3).T),
+    (
+      'blk.3.attn_q.weight',
+      ('layers', 3, 'wq'),
+      QType.Q4_1,
+      lambda w: gguf_io.unpermute_rows(w, 9).T,
+    ),
+    (
+      'blk.7.attn_k.weight',
+      ('layers', 7, 'wk'),
+      QType.Q4_1,
+      lambda w: gguf_io.unpermute_rows(w, 3).T,
+    ),
     ('blk.5.ffn_down.weight', ('layers', 5, 'w_down'), QType.Q4_1, lambda w: w.T),
     ('token_embd.weight', ('embed',), QType.Q8_0, lambda w: w),
     ('blk.0.attn_norm.weight', ('layers', 0, 'attn_norm'), QType.F32, lambda w: w),
@@ -251,8 +298,9 @@ def test_load_real_smollm2(smollm2_path):
   ]
   for name, tree_path, qtype, expected in cases:
     assert tensors[name].tensor_type == qtype, name
-    np.testing.assert_array_equal(gguf_io._get(params, tree_path), expected(deq(name)),
-                                  err_msg=name)
+    np.testing.assert_array_equal(
+      gguf_io._get(params, tree_path), expected(deq(name)), err_msg=name
+    )
   assert params['layers'][5]['w_down'].shape == (1536, 576)
   assert params['embed'].shape == (49152, 576) and params['embed'].dtype == np.float32
 
@@ -266,10 +314,15 @@ def test_real_smollm2_weights_match_transformers_gguf_loader(smollm2_path, tmp_p
   ours = hf.export_hf(tmp_path / 'hf', cfg, params)
   del params
   reference = transformers.AutoModelForCausalLM.from_pretrained(
-      smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32).state_dict()
+    smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
+  ).state_dict()
   with safetensors.safe_open(ours / hf.WEIGHTS_FILE, framework='numpy') as f:
-    for name in ('model.layers.0.self_attn.q_proj.weight', 'model.layers.12.mlp.gate_proj.weight',
-                 'model.layers.29.self_attn.k_proj.weight', 'model.embed_tokens.weight'):
+    for name in (
+      'model.layers.0.self_attn.q_proj.weight',
+      'model.layers.12.mlp.gate_proj.weight',
+      'model.layers.29.self_attn.k_proj.weight',
+      'model.embed_tokens.weight',
+    ):
       np.testing.assert_array_equal(f.get_tensor(name), reference[name].numpy(), err_msg=name)
 
 
@@ -310,8 +363,9 @@ def test_hf_bf16_and_sharded(tmp_path):
   names = sorted(tensors)
   (tmp_path / 'model.safetensors').unlink()
   for i, part in enumerate((names[::2], names[1::2])):
-    safetensors.numpy.save_file({n: tensors[n] for n in part},
-                                tmp_path / f'model-{i + 1:05d}-of-00002.safetensors')
+    safetensors.numpy.save_file(
+      {n: tensors[n] for n in part}, tmp_path / f'model-{i + 1:05d}-of-00002.safetensors'
+    )
   _, loaded = hf.load_hf(tmp_path)
   expected = jax.tree.map(lambda x: np.asarray(x.astype(jnp.bfloat16), np.float32), params)
   assert_trees_equal(loaded, expected)
@@ -319,10 +373,13 @@ def test_hf_bf16_and_sharded(tmp_path):
   assert loaded16['embed'].dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize('overrides', [
-  {'tie_embeddings': True},
-  {'tie_embeddings': False, 'head_dim': 16, 'n_kv_heads': 1},
-])
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    {'tie_embeddings': True},
+    {'tie_embeddings': False, 'head_dim': 16, 'n_kv_heads': 1},
+  ],
+)
 def test_hf_export_matches_transformers(tmp_path, overrides):
   transformers = importlib.import_module('transformers')
   torch = importlib.import_module('torch')
@@ -346,8 +403,11 @@ def test_load_hf_errors(tmp_path):
   with pytest.raises(ValueError, match=r"config\.json: model_type 'gemma3' is not supported"):
     hf.load_hf(tmp_path)
   config_file.write_text(json.dumps({**config, 'intermediate_size': 40}))
-  with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape "
-                     r'\(48, 32\), expected \(40, 32\)'):
+  with pytest.raises(
+    ValueError,
+    match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape "
+    r'\(48, 32\), expected \(40, 32\)',
+  ):
     hf.load_hf(tmp_path)
   config_file.write_text(json.dumps(config))
   tensors = safetensors.numpy.load_file(tmp_path / 'model.safetensors')

@@ -26,18 +26,27 @@ def target():
 
 def consensus_engine(target, group, cache=128, **kwargs):
   cfg, params = target
-  return Engine(params, cfg, eos_id=-1, cache_size=cache,
-                drafter=ConsensusDrafter(cfg.vocab_size, group=group, **kwargs))
+  return Engine(
+    params,
+    cfg,
+    eos_id=-1,
+    cache_size=cache,
+    drafter=ConsensusDrafter(cfg.vocab_size, group=group, **kwargs),
+  )
 
 
 def test_matches_come_from_the_other_rows_of_the_group():
   # Two groups of two rows, prompt length 2 each. Row 0 ends with '7 8'; row 1 wrote
   # '5 7 8 9 4' earlier: its continuation after '7 8' is '9 4'. Rows 2-3 (another group)
   # hold the same text but must not be used by rows 0-1.
-  ctx = jnp.array([[1, 2, 3, 7, 8, -1, -1, -1],
-                   [1, 2, 5, 7, 8, 9, 4, -1],
-                   [1, 2, 5, 7, 8, 6, 6, -1],
-                   [1, 2, 0, 0, 0, -1, -1, -1]])
+  ctx = jnp.array(
+    [
+      [1, 2, 3, 7, 8, -1, -1, -1],
+      [1, 2, 5, 7, 8, 9, 4, -1],
+      [1, 2, 5, 7, 8, 6, 6, -1],
+      [1, 2, 0, 0, 0, -1, -1, -1],
+    ]
+  )
   length = jnp.array([5, 7, 7, 5])
   prompt_lens = jnp.full((4,), 2)
   end, mism = group_candidates(ctx, length, prompt_lens, 2, k=2, max_mismatches=0, gamma=3)
@@ -52,8 +61,7 @@ def test_matches_come_from_the_other_rows_of_the_group():
 
 
 def test_a_match_may_differ_in_up_to_m_tokens():
-  ctx = jnp.array([[1, 2, 3, 4, 5, -1, -1, -1, -1],
-                   [1, 2, 3, 9, 5, 6, 7, 8, -1]])
+  ctx = jnp.array([[1, 2, 3, 4, 5, -1, -1, -1, -1], [1, 2, 3, 9, 5, 6, 7, 8, -1]])
   length, prompt_lens = jnp.array([5, 8]), jnp.array([2, 2])
   exact, _ = group_candidates(ctx, length, prompt_lens, 2, k=3, max_mismatches=0, gamma=2)
   loose, mism = group_candidates(ctx, length, prompt_lens, 2, k=3, max_mismatches=1, gamma=2)
@@ -90,12 +98,23 @@ def test_proposals_inside_the_loop_come_from_the_other_path(target):
   drafter = ConsensusDrafter(cfg.vocab_size, group=2, k=1, max_mismatches=0, n_max=0)
   method = Method(gamma=3, drafter=drafter)
   prompts = jnp.array([[5, 6, 7, 8], [5, 6, 7, 8]])
-  state = prefill({'target': params, 'draft': None}, prompts, jnp.array([4, 4]),
-                  jnp.array([20, 20]), jax.random.key(0), cfg=cfg, method=method,
-                  sampling=SamplingConfig(), eos_id=-1, cache_size=32, out_len=32)
+  state = prefill(
+    {'target': params, 'draft': None},
+    prompts,
+    jnp.array([4, 4]),
+    jnp.array([20, 20]),
+    jax.random.key(0),
+    cfg=cfg,
+    method=method,
+    sampling=SamplingConfig(),
+    eos_id=-1,
+    cache_size=32,
+    out_len=32,
+  )
   x = int(state.tokens[0, 0])
-  tokens = state.tokens.at[0, :2].set(jnp.array([x, 11])).at[1, :5].set(
-      jnp.array([x, 11, 12, 13, 14]))
+  tokens = (
+    state.tokens.at[0, :2].set(jnp.array([x, 11])).at[1, :5].set(jnp.array([x, 11, 12, 13, 14]))
+  )
   state = state.replace(tokens=tokens, num_generated=jnp.array([2, 5]))
   draft, q, ds = drafter.propose(None, state.extra['draft'], state, None, 3, SamplingConfig())
   assert draft[0].tolist() == [12, 13, 14] and bool(ds.found[0])
@@ -117,8 +136,13 @@ def test_consensus_on_a_looping_target_accepts_everything():
   # Every row counts up from its own start: row 1 is ahead of row 0 on the same count,
   # so row 0 can copy what row 1 already wrote.
   cfg, params = testing.successor_model(64)
-  engine = Engine(params, cfg, eos_id=-1, cache_size=128,
-                  drafter=ConsensusDrafter(64, group=2, k=2, max_mismatches=0, n_max=0))
+  engine = Engine(
+    params,
+    cfg,
+    eos_id=-1,
+    cache_size=128,
+    drafter=ConsensusDrafter(64, group=2, k=2, max_mismatches=0, n_max=0),
+  )
   out = engine.generate([[1, 2, 3], [1, 2, 30]], 40, gamma=4, verifier='greedy')
   assert out.tokens[0] == [4 + i for i in range(40)]
   assert out.tokens[1] == [(31 + i) % 64 for i in range(40)]
@@ -150,7 +174,7 @@ def exact_continuations(cfg, params, sampling):
 
 def chi_square_pvalue(samples, probs):
   index = (samples * VOCAB ** np.arange(NEW - 1, -1, -1)).sum(1)
-  counts = np.bincount(index, minlength=VOCAB ** NEW)
+  counts = np.bincount(index, minlength=VOCAB**NEW)
   assert counts[probs == 0].sum() == 0
   expected = probs / probs.sum() * len(samples)
   big = expected >= 5
@@ -168,8 +192,9 @@ def sample(small_vocab, sampling, gamma, verifier, proposal='mode'):
   return np.array(out.tokens), out
 
 
-@pytest.mark.parametrize('gamma,verifier,proposal', [(2, 'block', 'mode'),
-                                                     (3, 'rejection', 'sample')])
+@pytest.mark.parametrize(
+  'gamma,verifier,proposal', [(2, 'block', 'mode'), (3, 'rejection', 'sample')]
+)
 def test_consensus_sampling_matches_the_target(small_vocab, gamma, verifier, proposal):
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(*small_vocab, sampling)
@@ -180,7 +205,7 @@ def test_consensus_sampling_matches_the_target(small_vocab, gamma, verifier, pro
   # as often as two independent draws would.
   p1 = np.bincount(samples[:, 0], minlength=VOCAB) / N
   same = np.mean(samples[0::2, 0] == samples[1::2, 0])
-  assert abs(same - (p1 ** 2).sum()) < 4 * np.sqrt((p1 ** 2).sum() / (N // 2))
+  assert abs(same - (p1**2).sum()) < 4 * np.sqrt((p1**2).sum() / (N // 2))
 
 
 def always_accept(p, q, draft, key):
@@ -199,18 +224,22 @@ def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Bad input.
 
+
 def test_a_batch_that_is_not_a_multiple_of_the_group_is_refused(target):
   engine = consensus_engine(target, group=3)
   with pytest.raises(ValueError, match='groups 3 consecutive rows .* batch has 4 rows'):
     engine.generate([[1, 2]] * 4, 8, gamma=2)
 
 
-@pytest.mark.parametrize('kwargs,match', [
+@pytest.mark.parametrize(
+  'kwargs,match',
+  [
     ({'group': 0}, 'group size >= 1'),
     ({'group': 2, 'k': 2, 'max_mismatches': 2}, '0 <= max_mismatches < k'),
     ({'group': 2, 'n_max': -1}, 'n_max >= 0'),
     ({'group': 2, 'proposal': 'best'}, "proposal must be 'mode' or 'sample'"),
-])
+  ],
+)
 def test_bad_settings_are_named(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ConsensusDrafter(64, **kwargs)
@@ -231,6 +260,7 @@ def test_draft_spec(target):
 
 def test_ngram_spec_with_a_range(target):
   from specjax.drafters import NgramDrafter
+
   cfg, params = target
   model = loader.LoadedModel(cfg, params, None, 'tiny')
   assert loader.load_draft('ngram:2-6', model)[0] == NgramDrafter(64, n_max=6, n_min=2)

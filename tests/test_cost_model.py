@@ -31,7 +31,8 @@ def test_predictions_and_best_gamma():
   costly = {g: (0.5 * g, 1.0 + 0.05 * g) for g in (1, 2, 4)}
   assert cost_model.best_gamma(0.3, costly) == (0, 1.0)  # never pays: off
   assert cost_model.predicted_speedup(0.8, 4, 0.4, 1.2) == pytest.approx(
-      cost_model.expected_tokens(0.8, 4) / 1.6)
+    cost_model.expected_tokens(0.8, 4) / 1.6
+  )
   # Iterations without a draft (no lookup match) are plain steps.
   assert cost_model.predicted_speedup(0.5, 2, 0.0, 1.0, verified_fraction=0.0) == 1.0
   alpha = cost_model.break_even_alpha(1, 0.2, 1.0)
@@ -42,8 +43,9 @@ def test_predictions_and_best_gamma():
 def test_measured_costs_on_a_tiny_model():
   cfg, params = testing.tiny_model(seed=3, n_layers=4)
   draft_cfg, draft = truncated_target(cfg, params, 1)
-  engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=ModelDrafter(draft_cfg),
-                  draft_params=draft)
+  engine = Engine(
+    params, cfg, eos_id=-1, cache_size=128, drafter=ModelDrafter(draft_cfg), draft_params=draft
+  )
   c = costs.measure(engine, batch=2, slots=128, gammas=(1, 4), repeats=3)
   assert c.target_ms > 0 and set(c.draft_ms) == set(c.verify_ms) == {1, 4}
   assert c.draft_ms[4] > c.draft_ms[1] > 0  # four draft forwards cost more than one

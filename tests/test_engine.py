@@ -25,7 +25,7 @@ def naive_greedy(engine, prompt, n):
     cache = KVCache.init(engine.cfg, 1, 128)
     logits, _ = llama.forward(engine.params, jnp.asarray([tokens]), cache, engine.cfg)
     tokens.append(int(jnp.argmax(logits[0, -1])))
-  return tokens[len(prompt):]
+  return tokens[len(prompt) :]
 
 
 def test_greedy_matches_uncached_reference(engine):
@@ -44,7 +44,7 @@ def test_per_row_max_new_tokens(engine):
   out = engine.generate(PROMPTS, [3, 9, 1])
   assert [len(t) for t in out.tokens] == [3, 9, 1]
   full = engine.generate(PROMPTS, 9)
-  assert all(full.tokens[i][:len(t)] == t for i, t in enumerate(out.tokens))
+  assert all(full.tokens[i][: len(t)] == t for i, t in enumerate(out.tokens))
 
 
 def test_eos_stops_its_row_only(engine):
@@ -71,13 +71,16 @@ def test_new_prompt_length_in_same_bucket_does_not_recompile(engine):
   assert engine._prefill._cache_size() == before
 
 
-@pytest.mark.parametrize('prompts,max_new,match', [
+@pytest.mark.parametrize(
+  'prompts,max_new,match',
+  [
     ([], 4, 'no prompts'),
     ([[1, 2], []], 4, 'prompt 1 is empty'),
     ([[1] * 120], 16, r'prompt 0 has 120 tokens.*136 cache slots.*cache_size is 128'),
     ([[1, 2, 64]], 4, r'prompt 0 has token ids outside \[0, 64\)'),
     ([[1, 2]], 0, 'max_new_tokens must be >= 1'),
-])
+  ],
+)
 def test_bad_input_is_named(engine, prompts, max_new, match):
   with pytest.raises(ValueError, match=match):
     engine.generate(prompts, max_new)

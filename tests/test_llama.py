@@ -37,7 +37,7 @@ def reference_logits(cfg, params, tokens):
   sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None]
 
   def rope(x):
-    rot = np.concatenate([-x[..., h // 2:], x[..., :h // 2]], -1)
+    rot = np.concatenate([-x[..., h // 2 :], x[..., : h // 2]], -1)
     return x * cos + rot * sin
 
   x = p['embed'][np.asarray(tokens)]
@@ -61,15 +61,17 @@ def reference_logits(cfg, params, tokens):
 def test_forward_matches_independent_numpy_reference(model):
   cfg, params = model
   tokens = [3, 17, 42, 5, 9, 60, 1, 2]
-  np.testing.assert_allclose(full_logits(cfg, params, tokens),
-                             reference_logits(cfg, params, tokens), atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+    full_logits(cfg, params, tokens), reference_logits(cfg, params, tokens), atol=1e-4, rtol=1e-4
+  )
 
 
 def test_untied_head_matches_reference():
   cfg, params = testing.tiny_model(seed=2, tie_embeddings=False)
   tokens = [1, 2, 3, 4]
-  np.testing.assert_allclose(full_logits(cfg, params, tokens),
-                             reference_logits(cfg, params, tokens), atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+    full_logits(cfg, params, tokens), reference_logits(cfg, params, tokens), atol=1e-4, rtol=1e-4
+  )
 
 
 def test_incremental_cached_decoding_equals_full_forward(model):
@@ -80,7 +82,7 @@ def test_incremental_cached_decoding_equals_full_forward(model):
   logits, cache = llama.forward(params, jnp.asarray(tokens[None, :4]), cache, cfg)
   steps = [np.asarray(logits[0])]
   for i in range(4, len(tokens), 3):  # chunks of 3, then 1, as a verifier would
-    chunk = tokens[None, i:i + 3]
+    chunk = tokens[None, i : i + 3]
     logits, cache = llama.forward(params, jnp.asarray(chunk), cache, cfg)
     steps.append(np.asarray(logits[0]))
   np.testing.assert_allclose(np.concatenate(steps), expected, atol=1e-5, rtol=1e-5)
@@ -94,7 +96,7 @@ def test_rollback_is_lowering_the_length(model):
   _, cache = llama.forward(params, jnp.asarray([prefix + wrong]), cache, cfg)
   cache = cache.with_lengths(cache.lengths - len(wrong))
   logits, cache = llama.forward(params, jnp.asarray([right]), cache, cfg)
-  expected = full_logits(cfg, params, prefix + right)[len(prefix):]
+  expected = full_logits(cfg, params, prefix + right)[len(prefix) :]
   np.testing.assert_allclose(np.asarray(logits[0]), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -103,15 +105,17 @@ def test_rows_at_different_positions_match_rows_alone(model):
   a, b = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1]
   cache = KVCache.init(cfg, 2, 64)
   padded = np.zeros((2, len(a)), np.int32)
-  padded[0], padded[1, :len(b)] = a, b
+  padded[0], padded[1, : len(b)] = a, b
   _, cache = llama.forward(params, jnp.asarray(padded), cache, cfg)
   cache = cache.with_lengths(jnp.array([len(a), len(b)]))
   nxt = jnp.array([[8, 10], [28, 18]], jnp.int32)
   logits, cache = llama.forward(params, nxt, cache, cfg)
-  np.testing.assert_allclose(np.asarray(logits[0]), full_logits(cfg, params, a + [8, 10])[-2:],
-                             atol=1e-5, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(logits[1]), full_logits(cfg, params, b + [28, 18])[-2:],
-                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(logits[0]), full_logits(cfg, params, a + [8, 10])[-2:], atol=1e-5, rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    np.asarray(logits[1]), full_logits(cfg, params, b + [28, 18])[-2:], atol=1e-5, rtol=1e-5
+  )
   np.testing.assert_array_equal(np.asarray(cache.lengths), [len(a) + 2, len(b) + 2])
 
 
@@ -123,8 +127,10 @@ def test_check_params_names_the_tensor_and_both_shapes(model):
     llama.check_params(cfg, bad)
 
 
-@pytest.mark.parametrize('field,value', [('n_layers', 0), ('d_model', -4), ('n_heads', 3),
-                                         ('head_dim', 7), ('vocab_size', 2.5)])
+@pytest.mark.parametrize(
+  'field,value',
+  [('n_layers', 0), ('d_model', -4), ('n_heads', 3), ('head_dim', 7), ('vocab_size', 2.5)],
+)
 def test_invalid_config_values_are_named(field, value):
   with pytest.raises(ValueError, match=field if field != 'n_heads' else 'n_kv_heads'):
     testing.tiny_config(**{field: value})

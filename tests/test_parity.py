@@ -10,16 +10,16 @@ from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
 TEXTS = [
-    'The quick brown fox jumps over the lazy dog because',
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-    'Les élèves ont étudié 3 langues: 日本語, русский и español. 🎉',
-    'In 1969, 12345 + 67890 =',
+  'The quick brown fox jumps over the lazy dog because',
+  'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+  'Les élèves ont étudié 3 langues: 日本語, русский и español. 🎉',
+  'In 1969, 12345 + 67890 =',
 ]
 CHATS = [
-    'What is the capital of France?',
-    'Write a Python function that reverses a string.',
-    'Give me three tips for staying focused while studying.',
-    'Explain in two sentences why the sky is blue.',
+  'What is the capital of France?',
+  'Write a Python function that reverses a string.',
+  'Give me three tips for staying focused while studying.',
+  'Explain in two sentences why the sky is blue.',
 ]
 
 pytestmark = pytest.mark.slow
@@ -33,8 +33,9 @@ def engine(smollm2):
 @pytest.mark.parametrize('text', TEXTS)
 def test_last_token_logits_match_transformers(smollm2, engine, hf_smollm2, text):
   ids = smollm2.tokenizer.encode(text)
-  ours, _ = llama.forward(engine.params, jnp.asarray([ids]), KVCache.init(smollm2.cfg, 1, 64),
-                          smollm2.cfg)
+  ours, _ = llama.forward(
+    engine.params, jnp.asarray([ids]), KVCache.init(smollm2.cfg, 1, 64), smollm2.cfg
+  )
   with torch.inference_mode():
     theirs = hf_smollm2(torch.tensor([ids])).logits[0, -1].numpy()
   np.testing.assert_allclose(np.asarray(ours[0, -1]), theirs, atol=1e-3, rtol=0)
@@ -46,9 +47,14 @@ def test_greedy_continuations_match_transformers(smollm2, engine, hf_smollm2):
     ids = tok.encode_chat(chat)
     ours = engine.generate([ids], 32).tokens[0]
     with torch.inference_mode():
-      out = hf_smollm2.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                                eos_token_id=tok.eos_id, pad_token_id=0)
-    theirs = out[0, len(ids):].tolist()
+      out = hf_smollm2.generate(
+        torch.tensor([ids]),
+        max_new_tokens=32,
+        do_sample=False,
+        eos_token_id=tok.eos_id,
+        pad_token_id=0,
+      )
+    theirs = out[0, len(ids) :].tolist()
     assert ours == theirs, (chat, tok.decode(ours), tok.decode(theirs))
 
 

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def tiny_config(**overrides):
   sys.path.insert(0, os.path.join(ROOT, 'configs'))
   import smollm2  # noqa: E402  (configs/ is not a package)
+
   config = smollm2.get_config('tiny')
   config.update(overrides)
   return config
@@ -23,13 +24,19 @@ def tiny_config(**overrides):
 
 def test_tiny_prompt_set_writes_results(tmp_path):
   prompts = tmp_path / 'mine.jsonl'
-  prompts.write_text('{"prompt": "hello there", "category": "greet"}\n'
-                     '{"turns": ["count to three", "again"], "category": "math"}\n'
-                     '{"prompt": "bye"}\n')
-  summary = run_lib.main(tiny_config(prompts=str(prompts), num_prompts=3, batch_size=2),
-                         str(tmp_path / 'out'), verbose=False)
-  records = [json.loads(l) for l in (tmp_path / 'out' / 'generations.jsonl').read_text()
-             .splitlines()]
+  prompts.write_text(
+    '{"prompt": "hello there", "category": "greet"}\n'
+    '{"turns": ["count to three", "again"], "category": "math"}\n'
+    '{"prompt": "bye"}\n'
+  )
+  summary = run_lib.main(
+    tiny_config(prompts=str(prompts), num_prompts=3, batch_size=2),
+    str(tmp_path / 'out'),
+    verbose=False,
+  )
+  records = [
+    json.loads(l) for l in (tmp_path / 'out' / 'generations.jsonl').read_text().splitlines()
+  ]
   assert [r['category'] for r in records] == ['greet', 'math', 'default'] * 5
   assert records[1]['prompt'] == 'count to three'
   assert all(1 <= r['new_tokens'] <= 16 and isinstance(r['output'], str) for r in records)
@@ -62,7 +69,9 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     assert (tmp_path / 'out' / f'{png}.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
-@pytest.mark.parametrize('field,value,match', [
+@pytest.mark.parametrize(
+  'field,value,match',
+  [
     ('max_new_tokens', 0, r'config.max_new_tokens = 0: expected an integer >= 1'),
     ('batch_size', -1, 'config.batch_size'),
     ('num_prompts', 0, 'config.num_prompts'),
@@ -79,24 +88,42 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     ('drafts', ('',), 'config.drafts'),
     ('drafts', ('bogus',), "unknown draft 'bogus': expected one of ngram"),
     ('adaptive_gammas', (0,), r'config.adaptive_gammas = \(0,\)'),
-    ('methods', 'ngram@4,sometimes', "unknown method 'sometimes'.*declares: autoregressive, "
-                                     "ngram@4, ngram@adaptive"),
+    (
+      'methods',
+      'ngram@4,sometimes',
+      "unknown method 'sometimes'.*declares: autoregressive, ngram@4, ngram@adaptive",
+    ),
     ('methods', 'ngram@0', 'a draft length >= 1'),
     ('methods', 'bogus@2', "unknown draft 'bogus'"),
-])
+  ],
+)
 def test_invalid_config_values_are_named(tmp_path, field, value, match):
   with pytest.raises(ValueError, match=match):
     run_lib.main(tiny_config(**{field: value}), str(tmp_path), verbose=False)
 
 
-REQUIRED = {'acceptance_rate', 'tokens_per_call', 'tokens_per_second', 'decode_tokens_per_second',
-            'speedup', 'decode_speedup', 'latency_ms', 'latency_ms_per_token',
-            'zero_accept_fraction', 'greedy_mismatches', 'new_tokens', 'iteration_ms'}
+REQUIRED = {
+  'acceptance_rate',
+  'tokens_per_call',
+  'tokens_per_second',
+  'decode_tokens_per_second',
+  'speedup',
+  'decode_speedup',
+  'latency_ms',
+  'latency_ms_per_token',
+  'zero_accept_fraction',
+  'greedy_mismatches',
+  'new_tokens',
+  'iteration_ms',
+}
 
 
 def test_results_schema_and_method_selection(tmp_path):
-  summary = run_lib.main(tiny_config(methods='truncated:1@adaptive, ngram@2', num_prompts=2),
-                         str(tmp_path), verbose=False)
+  summary = run_lib.main(
+    tiny_config(methods='truncated:1@adaptive, ngram@2', num_prompts=2),
+    str(tmp_path),
+    verbose=False,
+  )
   assert list(summary['methods']) == ['autoregressive', 'truncated:1@adaptive', 'ngram@2']
   assert set(summary['costs']) == {'truncated:1', 'ngram'}
   for _spec, costs in summary['costs'].items():
@@ -120,6 +147,7 @@ def test_results_schema_and_method_selection(tmp_path):
 
 def test_advisor(tmp_path):
   from specjax import advise
+
   run_lib.main(tiny_config(num_prompts=2, adaptive_gammas=()), str(tmp_path), verbose=False)
   assert advise.main([str(tmp_path)]) == 0
   advice = json.loads((tmp_path / 'advice.json').read_text())
@@ -134,18 +162,25 @@ def test_advisor(tmp_path):
   summary = json.loads((tmp_path / 'results.json').read_text())
   for name, m in summary['methods'].items():
     if name != 'autoregressive':
-      m.update(tokens_per_call=2.0, speedup=0.66, iteration_ms=3 * summary['methods'][
-          'autoregressive']['iteration_ms'])
+      m.update(
+        tokens_per_call=2.0,
+        speedup=0.66,
+        iteration_ms=3 * summary['methods']['autoregressive']['iteration_ms'],
+      )
   assert advise.advise(summary)['all']['verdict'] == 'off'
   for name, m in summary['methods'].items():
     if name != 'autoregressive':
-      m.update(tokens_per_call=3.0, speedup=1.4, iteration_ms=1.5 * summary['methods'][
-          'autoregressive']['iteration_ms'])
+      m.update(
+        tokens_per_call=3.0,
+        speedup=1.4,
+        iteration_ms=1.5 * summary['methods']['autoregressive']['iteration_ms'],
+      )
   assert advise.advise(summary)['all']['verdict'] == 'on'
 
 
 def test_advisor_errors_are_named(tmp_path, capsys):
   from specjax import advise
+
   assert advise.main([str(tmp_path / 'nothing')]) == 2
   assert 'nothing: no such file' in capsys.readouterr().err
   (tmp_path / 'results.json').write_text('{"methods": {}}')
@@ -177,24 +212,50 @@ def test_missing_gguf_file_is_named():
 
 
 def test_command_line_overrides_and_errors(tmp_path):
-  base = [sys.executable, '-m', 'specjax.run', '--config', 'configs/smollm2.py:tiny',
-          '--workdir', str(tmp_path)]
-  ok = subprocess.run(base + ['--config.prompt=Hi!', '--config.max_new_tokens=5'], cwd=ROOT,
-                      capture_output=True, text=True, timeout=300)
+  base = [
+    sys.executable,
+    '-m',
+    'specjax.run',
+    '--config',
+    'configs/smollm2.py:tiny',
+    '--workdir',
+    str(tmp_path),
+  ]
+  ok = subprocess.run(
+    base + ['--config.prompt=Hi!', '--config.max_new_tokens=5'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert ok.returncode == 0, ok.stderr[-2000:]
   methods = json.loads((tmp_path / 'results.json').read_text())['methods']
   assert all(m['new_tokens'] <= 5 for m in methods.values())
-  bad = subprocess.run(base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+  bad = subprocess.run(
+    base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert bad.returncode == 2 and 'config.max_new_tokens = 0' in bad.stderr
   assert 'Traceback' not in bad.stderr
 
 
 @pytest.mark.slow
 def test_readme_command_answers_paris(tmp_path):
-  out = subprocess.run([sys.executable, '-m', 'specjax.run', '--config', 'configs/smollm2.py',
-                        '--config.prompt=What is the capital of France?', '--workdir',
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  out = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'specjax.run',
+      '--config',
+      'configs/smollm2.py',
+      '--config.prompt=What is the capital of France?',
+      '--workdir',
+      str(tmp_path),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
   assert 'tok/s' in out.stdout
@@ -203,6 +264,7 @@ def test_readme_command_answers_paris(tmp_path):
 def test_near_ties_are_counted_at_the_first_divergence():
   from specjax import testing
   from specjax.decode.engine import Engine
+
   cfg, params = testing.tiny_model(seed=3)
   engine = Engine(params, cfg, eos_id=-1, cache_size=64)
   prompt = [1, 2, 3]

@@ -46,9 +46,15 @@ def test_samples_follow_the_warped_distribution():
   assert stats.chisquare(counts[1:], p / p.sum() * counts.sum()).pvalue > 1e-3
 
 
-@pytest.mark.parametrize('kwargs,match', [({'temperature': -1.0}, 'temperature'),
-                                          ({'top_k': -2}, 'top_k'),
-                                          ({'top_p': 0.0}, 'top_p'), ({'top_p': 1.5}, 'top_p')])
+@pytest.mark.parametrize(
+  'kwargs,match',
+  [
+    ({'temperature': -1.0}, 'temperature'),
+    ({'top_k': -2}, 'top_k'),
+    ({'top_p': 0.0}, 'top_p'),
+    ({'top_p': 1.5}, 'top_p'),
+  ],
+)
 def test_invalid_settings_are_named(kwargs, match):
   with pytest.raises(ValueError, match=match):
     SamplingConfig(**kwargs)
@@ -56,6 +62,7 @@ def test_invalid_settings_are_named(kwargs, match):
 
 def test_fast_argmax_is_argmax_with_first_index_on_ties():
   from specjax.decode.sampling import argmax
+
   x = jax.random.normal(jax.random.key(3), (6, 1000))
   np.testing.assert_array_equal(argmax(x), jnp.argmax(x, -1))
   assert int(argmax(jnp.array([1.0, 3.0, 3.0, 2.0]))) == 1
@@ -63,6 +70,7 @@ def test_fast_argmax_is_argmax_with_first_index_on_ties():
 
 def test_inverse_cdf_sampler_follows_probs_and_never_picks_zero_mass():
   from specjax.decode.sampling import sample_probs
+
   p = jnp.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
   draws = sample_probs(jnp.tile(p, (40000, 1)), jax.random.key(2))
   counts = np.bincount(np.asarray(draws), minlength=6)

@@ -8,7 +8,9 @@ from specjax import self_consistency as sc
 from specjax.decode.sampling import SamplingConfig
 
 
-@pytest.mark.parametrize('text,answer', [
+@pytest.mark.parametrize(
+  'text,answer',
+  [
     ('So the total is 42.', '42'),
     ('First 3 apples, then 5 more: 8 apples in all.', '8'),
     ('The answer is 1,250 dollars, not 7.', '1250'),
@@ -17,7 +19,8 @@ from specjax.decode.sampling import SamplingConfig
     ('x = 6/4 so x = 3/2', '3/2'),
     ('It weighs 12.0 kg.', '12'),
     ('No numbers here.', None),
-])
+  ],
+)
 def test_extract_answer(text, answer):
   assert sc.extract_answer(text) == answer
 
@@ -31,6 +34,7 @@ def test_majority_vote():
 
 def tiny_config(**overrides):
   import importlib.util
+
   spec = importlib.util.spec_from_file_location('sc_config', 'configs/self_consistency.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -57,20 +61,25 @@ def test_self_consistency_writes_answers_votes_and_speedup(tmp_path):
 
 def test_the_n_paths_are_different_samples_of_one_prompt():
   from specjax.models import loader
+
   model = loader.load_model('tiny')
   engines = sc.build_engines(tiny_config(), model)
   ids = model.tokenizer.encode_chat('Count: 1 2 3')
-  out = sc.run_paths(engines['consensus'], ids, 4, 12, SamplingConfig(temperature=1.0), seed=0,
-                     gamma=3)
+  out = sc.run_paths(
+    engines['consensus'], ids, 4, 12, SamplingConfig(temperature=1.0), seed=0, gamma=3
+  )
   assert len(out.tokens) == 4 and len({tuple(t) for t in out.tokens}) > 1
 
 
-@pytest.mark.parametrize('overrides,match', [
+@pytest.mark.parametrize(
+  'overrides,match',
+  [
     ({'n': 1}, r'config.n = 1: expected an integer >= 2'),
     ({'temperature': 0.0}, 'temperature = 0.0: expected > 0'),
     ({'gamma': 0}, 'gamma = 0: expected an integer >= 1'),
     ({'verifier': 'greedy'}, "verifier = 'greedy': expected one of"),
-])
+  ],
+)
 def test_bad_settings_are_named(tmp_path, overrides, match):
   with pytest.raises(ValueError, match=match):
     sc.main(tiny_config(**overrides), str(tmp_path), say=lambda *a: None)

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from specjax import testing
 from specjax.models import sharding
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, jax
     from specjax import testing
     from specjax.decode.engine import Engine
@@ -34,17 +34,17 @@ SCRIPT = textwrap.dedent('''
                     single.generate(prompts, 12, s, seed=3).tokens],
     }
     print('RESULT' + json.dumps(out))
-''')
+""")
 
 
 def test_tensor_and_data_parallel_generation_matches_one_device():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
-  proc = subprocess.run([sys.executable, '-c', SCRIPT], env=env, capture_output=True, text=True,
-                        timeout=600)
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+    [sys.executable, '-c', SCRIPT], env=env, capture_output=True, text=True, timeout=600
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT'))
-  out = json.loads(line[len('RESULT'):])
+  out = json.loads(line[len('RESULT') :])
   assert out['wq_spec'] == str(P(None, 'model')) and out['wq_devices'] == 8
   assert out['greedy'][0] == out['greedy'][1]
   assert out['sampled'][0] == out['sampled'][1]

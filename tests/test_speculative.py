@@ -27,15 +27,23 @@ def target():
 def engine_with(target, draft, **kwargs):
   cfg, params = target
   draft_cfg, draft_params = draft
-  return Engine(params, cfg, eos_id=kwargs.pop('eos_id', -1), cache_size=kwargs.pop('cache', 128),
-                drafter=ModelDrafter(draft_cfg), draft_params=draft_params, **kwargs)
+  return Engine(
+    params,
+    cfg,
+    eos_id=kwargs.pop('eos_id', -1),
+    cache_size=kwargs.pop('cache', 128),
+    drafter=ModelDrafter(draft_cfg),
+    draft_params=draft_params,
+    **kwargs,
+  )
 
 
 DRAFTS = {
-    'random tiny model': lambda t: testing.tiny_model(seed=11, n_layers=1, d_model=16,
-                                                       n_heads=2, n_kv_heads=1),
-    'truncated target': lambda t: truncated_target(*t, 1),
-    'target itself': lambda t: t,
+  'random tiny model': lambda t: testing.tiny_model(
+    seed=11, n_layers=1, d_model=16, n_heads=2, n_kv_heads=1
+  ),
+  'truncated target': lambda t: truncated_target(*t, 1),
+  'target itself': lambda t: t,
 }
 
 
@@ -76,7 +84,7 @@ def test_per_row_eos_with_speculation(target):
   free = engine_with(target, draft).generate(PROMPTS, 20).tokens
   eos = free[0][6]
   engine = engine_with(target, draft, eos_id=eos)
-  expected = [row[:row.index(eos) + 1] if eos in row else row for row in free]
+  expected = [row[: row.index(eos) + 1] if eos in row else row for row in free]
   for gamma in (2, 5):
     assert engine.generate(PROMPTS, 20, gamma=gamma).tokens == expected
 
@@ -134,8 +142,9 @@ SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, to
 
 
 @pytest.mark.parametrize('sampling', SAMPLINGS, ids=['t1', 't0.7-k5-p0.9'])
-@pytest.mark.parametrize('gamma,verifier', [(0, 'rejection'), (2, 'rejection'), (1, 'block'),
-                                            (3, 'block')])
+@pytest.mark.parametrize(
+  'gamma,verifier', [(0, 'rejection'), (2, 'rejection'), (1, 'block'), (3, 'block')]
+)
 def test_speculative_sampling_matches_the_target(small_vocab, sampling, gamma, verifier):
   probs = exact_continuations(*small_vocab[0], sampling)
   samples = sample_continuations(small_vocab, sampling, gamma, verifier)
@@ -159,19 +168,25 @@ def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Bad input.
 
+
 def test_vocabulary_mismatch_is_refused(target):
   other = testing.tiny_model(seed=1, vocab_size=96)
   with pytest.raises(ValueError, match='vocabulary of 96 tokens but the target .* has 64'):
     engine_with(target, other)
 
 
-@pytest.mark.parametrize('kwargs,match', [
+@pytest.mark.parametrize(
+  'kwargs,match',
+  [
     ({'gamma': -1}, 'gamma must be an integer >= 0'),
     ({'gamma': 200}, 'gamma=200 is too large for cache_size 128'),
     ({'gamma': 2, 'verifier': 'nope'}, "unknown verifier 'nope'"),
-    ({'gamma': 2, 'verifier': 'greedy', 'sampling': SamplingConfig(temperature=1.0)},
-     'greedy verifier is only lossless for greedy decoding'),
-])
+    (
+      {'gamma': 2, 'verifier': 'greedy', 'sampling': SamplingConfig(temperature=1.0)},
+      'greedy verifier is only lossless for greedy decoding',
+    ),
+  ],
+)
 def test_bad_speculative_settings_are_named(target, kwargs, match):
   engine = engine_with(target, target)
   with pytest.raises(ValueError, match=match):
@@ -192,15 +207,19 @@ def test_truncated_draft_layer_count_is_checked(target):
 # ---------------------------------------------------------------------------------------------
 # Prompt lookup.
 
+
 def ngram_engine(target, **kwargs):
   from specjax.drafters import NgramDrafter
+
   cfg, params = target
-  return Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size,
-                                                                              **kwargs))
+  return Engine(
+    params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size, **kwargs)
+  )
 
 
 def test_ngram_lookup_finds_the_most_recent_longest_match():
   from specjax.drafters.ngram import last_match
+
   ctx = jnp.array([[5, 6, 7, 1, 5, 6, 9, 2, 5, 6, -1, -1]])
   length = jnp.array([10])
   assert int(last_match(ctx, length, 2)[0]) == 5  # '5 6' ended at 5 most recently
@@ -215,9 +234,9 @@ def test_ngram_lookup_equals_a_brute_force_search():
     for n in range(n_max, n_min - 1, -1):
       if length < n:
         continue
-      tail = row[length - n:length]
+      tail = row[length - n : length]
       for end in range(length - 2, n - 2, -1):
-        if row[end - n + 1:end + 1] == tail:
+        if row[end - n + 1 : end + 1] == tail:
           return end
     return -1
 
@@ -236,13 +255,25 @@ def test_ngram_drafter_proposes_the_continuation(target):
   cfg, params = target
   prompt = [10, 11, 12, 13, 14, 15, 16, 17, 10, 11]
   from specjax.decode.loop import Method, prefill
+
   method = Method(gamma=4, drafter=engine.drafter)
-  state = prefill({'target': params, 'draft': None}, jnp.asarray([prompt]), jnp.array([10]),
-                  jnp.array([8]), jax.random.key(0), cfg=cfg, method=method,
-                  sampling=SamplingConfig(), eos_id=-1, cache_size=32, out_len=16)
+  state = prefill(
+    {'target': params, 'draft': None},
+    jnp.asarray([prompt]),
+    jnp.array([10]),
+    jnp.array([8]),
+    jax.random.key(0),
+    cfg=cfg,
+    method=method,
+    sampling=SamplingConfig(),
+    eos_id=-1,
+    cache_size=32,
+    out_len=16,
+  )
   first = int(state.tokens[0, 0])
-  tokens, q, ds = engine.drafter.propose(None, state.extra['draft'], state, None, 4,
-                                         SamplingConfig())
+  tokens, q, ds = engine.drafter.propose(
+    None, state.extra['draft'], state, None, 4, SamplingConfig()
+  )
   if first == 12:  # '11 12' seen before: propose what followed it
     assert tokens[0].tolist() == [13, 14, 15, 16]
   assert bool(ds.found[0]) == (first in prompt)
@@ -265,6 +296,7 @@ def test_ngram_on_a_looping_target_accepts_everything():
   # The successor model counts 4, 5, ..., 63, 0, 1, ...: nothing to look up until the count
   # wraps around and repeats the prompt, then every proposal is right.
   from specjax.drafters import NgramDrafter
+
   cfg, params = testing.successor_model(64)
   engine = Engine(params, cfg, eos_id=-1, cache_size=256, drafter=NgramDrafter(64))
   out = engine.generate([[1, 2, 3]], 150, gamma=4, verifier='greedy')
@@ -279,6 +311,7 @@ def test_ngram_on_a_looping_target_accepts_everything():
 
 def test_ngram_sampling_is_lossless(small_vocab):
   from specjax.drafters import NgramDrafter
+
   (cfg, params), _ = small_vocab
   engine = Engine(params, cfg, eos_id=-1, cache_size=16, drafter=NgramDrafter(VOCAB, n_max=2))
   sampling = SamplingConfig(temperature=1.0)
@@ -289,6 +322,7 @@ def test_ngram_sampling_is_lossless(small_vocab):
 
 # ---------------------------------------------------------------------------------------------
 # Self-speculative layer skipping.
+
 
 def test_layer_skipping_draft_shares_the_targets_weights(target):
   cfg, params = target
@@ -304,9 +338,17 @@ def test_layer_skipping_draft_shares_the_targets_weights(target):
   assert all(a == [4] * 4 for a in out.accepted)
 
 
-@pytest.mark.parametrize('text,match', [('5-2', 'distinct layers'), ('0-3,2', 'distinct layers'),
-                                        ('a-b', 'ranges like'), ('0-40', r'in \[0, 30\)')])
+@pytest.mark.parametrize(
+  'text,match',
+  [
+    ('5-2', 'distinct layers'),
+    ('0-3,2', 'distinct layers'),
+    ('a-b', 'ranges like'),
+    ('0-40', r'in \[0, 30\)'),
+  ],
+)
 def test_layer_lists_are_checked(text, match):
   from specjax.drafters.model import parse_layers
+
   with pytest.raises(ValueError, match=match):
     parse_layers(text, 30)

@@ -16,10 +16,18 @@ def setup(smollm2):
   # 28 layers of 30: a draft that agrees often enough to exercise multi-token acceptance
   # (truncated drafts agree surprisingly rarely: 20 layers accept under 10%).
   drafter, draft_params, _ = loader.load_draft('truncated:28', smollm2)
-  engine = Engine(smollm2.params, smollm2.cfg, eos_id=smollm2.tokenizer.eos_id, cache_size=1024,
-                  drafter=drafter, draft_params=draft_params)
-  texts = ([p.text for p in prompts_lib.load_prompts('mtbench')[::8]]  # 10, all categories
-           + [p.text for p in prompts_lib.load_prompts('humaneval', 10)])
+  engine = Engine(
+    smollm2.params,
+    smollm2.cfg,
+    eos_id=smollm2.tokenizer.eos_id,
+    cache_size=1024,
+    drafter=drafter,
+    draft_params=draft_params,
+  )
+  texts = (
+    [p.text for p in prompts_lib.load_prompts('mtbench')[::8]]  # 10, all categories
+    + [p.text for p in prompts_lib.load_prompts('humaneval', 10)]
+  )
   prompts = [smollm2.tokenizer.encode_chat(t) for t in texts]
   reference = engine.generate(prompts, NEW_TOKENS).tokens
   return engine, prompts, reference
@@ -30,10 +38,13 @@ def test_real_greedy_identity_on_20_prompts(setup, gamma):
   engine, prompts, reference = setup
   out = engine.generate(prompts, NEW_TOKENS, gamma=gamma, verifier='greedy')
   mismatches = sum(ours != ref for ours, ref in zip(out.tokens, reference))
-  near_ties = run_lib.count_near_ties(engine, prompts, [{'tokens': t} for t in out.tokens],
-                                      [{'tokens': t} for t in reference])
-  print(f'gamma={gamma}: {mismatches} mismatches of {len(prompts)}, {near_ties} near-ties, '
-        f'acceptance {out.acceptance_rate:.2f}')
+  near_ties = run_lib.count_near_ties(
+    engine, prompts, [{'tokens': t} for t in out.tokens], [{'tokens': t} for t in reference]
+  )
+  print(
+    f'gamma={gamma}: {mismatches} mismatches of {len(prompts)}, {near_ties} near-ties, '
+    f'acceptance {out.acceptance_rate:.2f}'
+  )
   assert mismatches == near_ties
   # The draft's tokens really were accepted, several at a time.
   assert out.acceptance_rate > 0.1

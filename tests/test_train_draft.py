@@ -23,8 +23,14 @@ CONFIG = f'{ROOT}/configs/distill_smollm2.py:tiny,steps=40'
 
 
 def _command(workdir):
-  return [sys.executable, '-m', 'specjax.train_draft', f'--config={CONFIG}',
-          f'--workdir={workdir}', '--noprogress']
+  return [
+    sys.executable,
+    '-m',
+    'specjax.train_draft',
+    f'--config={CONFIG}',
+    f'--workdir={workdir}',
+    '--noprogress',
+  ]
 
 
 @pytest.fixture(scope='module')
@@ -54,8 +60,9 @@ def uninterrupted(tmp_path_factory, env):
 
 
 def test_sigkill_and_resume_ends_with_the_same_parameters(uninterrupted, tmp_path, env):
-  proc = subprocess.Popen(_command(tmp_path), env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    _command(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   deadline = time.time() + 200
   while not any(s >= 8 for s in _steps(tmp_path)) and proc.poll() is None:
     assert time.time() < deadline, 'no checkpoint appeared'
@@ -83,6 +90,7 @@ def test_sigkill_and_resume_ends_with_the_same_parameters(uninterrupted, tmp_pat
 
 def jax_leaves(tree):
   import jax
+
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
@@ -101,11 +109,13 @@ def test_outputs_of_a_run(uninterrupted):
 def test_the_trained_draft_decodes_losslessly(uninterrupted):
   from specjax.decode.engine import Engine
   from specjax.models.loader import load_draft, load_model
+
   target = load_model('tiny')
   drafter, draft_params, label = load_draft(str(uninterrupted / 'draft'), target)
   assert 'distilled' in label
-  engine = Engine(target.params, target.cfg, eos_id=-1, cache_size=128, drafter=drafter,
-                  draft_params=draft_params)
+  engine = Engine(
+    target.params, target.cfg, eos_id=-1, cache_size=128, drafter=drafter, draft_params=draft_params
+  )
   prompts = [target.tokenizer.encode_chat(p) for p in ('Hello there', 'def f(x):')]
   reference = engine.generate(prompts, 24).tokens
   for gamma in (1, 3):
@@ -120,14 +130,17 @@ def _normal(text):
 def test_no_evaluation_prompt_in_the_training_data(env, uninterrupted):
   held_out = [_normal(p.text) for p in eval_prompts.load_prompts('humaneval')]
   held_out += [_normal(p.text) for p in eval_prompts.load_prompts('mtbench')]
-  stubs = [_normal(p.text.split('```python')[-1].rstrip('`')) for p in
-           eval_prompts.load_prompts('humaneval')]
+  stubs = [
+    _normal(p.text.split('```python')[-1].rstrip('`'))
+    for p in eval_prompts.load_prompts('humaneval')
+  ]
   for prompt in train_prompts.instruction_prompts():
     text = _normal(prompt)
     assert not any(h in text or text in h for h in held_out), prompt
     assert not any(s in text for s in stubs), prompt
   # And the cached tiny training set, decoded back to text.
   from specjax.testing import ByteTokenizer
+
   folder = next((pathlib.Path(env['SPECJAX_CACHE']) / 'distill').iterdir())
   data = data_lib.Dataset.load(folder / 'train.npz')
   tok = ByteTokenizer()
@@ -144,6 +157,7 @@ def test_hugging_face_export_makes_the_same_greedy_choices(uninterrupted, tmp_pa
   from specjax.models import llama
   from specjax.models.kv_cache import KVCache
   from specjax.models.loader import load_model
+
   target = load_model('tiny')
   cfg, params, _ = distilled.load_draft_dir(uninterrupted / 'draft', target.params['embed'])
   distilled.export_hf(tmp_path / 'hf', cfg, params, None)

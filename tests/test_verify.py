@@ -14,8 +14,15 @@ from specjax import verify
 from specjax.decode.sampling import SamplingConfig, probabilities
 from specjax.verify import common
 
-KINDS = ['random', 'equal', 'disjoint', 'q_zero_where_p_positive', 'one_hot_q', 'low_temperature',
-         'top_k_top_p']
+KINDS = [
+  'random',
+  'equal',
+  'disjoint',
+  'q_zero_where_p_positive',
+  'one_hot_q',
+  'low_temperature',
+  'top_k_top_p',
+]
 
 
 class Tree:
@@ -94,8 +101,10 @@ def output_distribution(name, tree, gamma):
 
 
 def target_distribution(tree, gamma):
-  return {z: np.prod([tree.p(z[:j])[z[j]] for j in range(gamma + 1)])
-          for z in itertools.product(range(tree.vocab), repeat=gamma + 1)}
+  return {
+    z: np.prod([tree.p(z[:j])[z[j]] for j in range(gamma + 1)])
+    for z in itertools.product(range(tree.vocab), repeat=gamma + 1)
+  }
 
 
 def expected_accepted(name, tree, gamma):
@@ -107,8 +116,12 @@ def expected_accepted(name, tree, gamma):
 
 @pytest.mark.parametrize('name', ['rejection', 'block'])
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(kind=st.sampled_from(KINDS), gamma=st.integers(1, 3), vocab=st.integers(2, 4),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+  kind=st.sampled_from(KINDS),
+  gamma=st.integers(1, 3),
+  vocab=st.integers(2, 4),
+  seed=st.integers(0, 2**31 - 1),
+)
 def test_verifier_output_is_the_target_distribution(name, kind, gamma, vocab, seed):
   tree = Tree(vocab, kind, seed)
   got, want = output_distribution(name, tree, gamma), target_distribution(tree, gamma)
@@ -133,12 +146,16 @@ def test_greedy_verifier_reproduces_the_greedy_target():
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(kind=st.sampled_from(['random', 'q_zero_where_p_positive', 'one_hot_q', 'top_k_top_p']),
-       gamma=st.integers(1, 3), seed=st.integers(0, 2**31 - 1))
+@given(
+  kind=st.sampled_from(['random', 'q_zero_where_p_positive', 'one_hot_q', 'top_k_top_p']),
+  gamma=st.integers(1, 3),
+  seed=st.integers(0, 2**31 - 1),
+)
 def test_block_accepts_at_least_as_many_as_token_level(kind, gamma, seed):
   tree = Tree(3, kind, seed)
-  assert expected_accepted('block', tree, gamma) >= expected_accepted('rejection', tree,
-                                                                      gamma) - 1e-6
+  assert (
+    expected_accepted('block', tree, gamma) >= expected_accepted('rejection', tree, gamma) - 1e-6
+  )
 
 
 def test_block_beats_token_level_on_the_papers_example():
@@ -154,6 +171,7 @@ def test_block_beats_token_level_on_the_papers_example():
 def test_sampled_verification_follows_its_plan(name):
   """The random draw of (accepted, next) matches the plan's exact law (chi-square)."""
   from scipy import stats
+
   tree = Tree(3, 'random' if name != 'greedy' else 'low_temperature', seed=5)
   blocks, _, ps, qs = draft_blocks(tree, 2)
   n = 20000
@@ -162,8 +180,10 @@ def test_sampled_verification_follows_its_plan(name):
   x = jnp.asarray(np.repeat(blocks[:1], n, 0))
   accepted, nxt = verify.get(name)(p, q, x, jax.random.key(0))
   plan = verify.PLANS[name](p[:1], q[:1], x[:1])
-  law = (np.asarray(common.stop_distribution(plan), np.float64)[0][:, None]
-         * np.asarray(plan.residuals, np.float64)[0]).ravel()
+  law = (
+    np.asarray(common.stop_distribution(plan), np.float64)[0][:, None]
+    * np.asarray(plan.residuals, np.float64)[0]
+  ).ravel()
   counts = np.bincount(np.asarray(accepted) * 3 + np.asarray(nxt), minlength=law.size)
   support = law > 1e-9
   assert counts[~support].sum() == 0

@@ -51,22 +51,26 @@ def main():
 
   target = loader.load_model('smollm2-135m-instruct')
   vocab, eos = target.cfg.vocab_size, target.tokenizer.eos_id
-  base = Engine(target.params, target.cfg, eos_id=eos, cache_size=1024,
-                drafter=NgramDrafter(vocab, n_max=3))
+  base = Engine(
+    target.params, target.cfg, eos_id=eos, cache_size=1024, drafter=NgramDrafter(vocab, n_max=3)
+  )
   engines = {'ngram': base}
   for proposal in args.proposals.split(','):
-    drafter = ConsensusDrafter(vocab, group=args.n, k=args.k, max_mismatches=args.m, n_max=3,
-                               proposal=proposal)
-    engines[f'consensus-{proposal}'] = Engine(base.params, target.cfg, eos_id=eos,
-                                              cache_size=1024, drafter=drafter)
+    drafter = ConsensusDrafter(
+      vocab, group=args.n, k=args.k, max_mismatches=args.m, n_max=3, proposal=proposal
+    )
+    engines[f'consensus-{proposal}'] = Engine(
+      base.params, target.cfg, eos_id=eos, cache_size=1024, drafter=drafter
+    )
   sampling = SamplingConfig(temperature=args.temperature)
   records = []
   for spec in args.sets.split(','):
     for i, prompt in enumerate(prompts_lib.load_prompts(spec, args.num_prompts)):
       ids = target.tokenizer.encode_chat(prompt.text)
       row = {'set': spec, 'id': prompt.id, 'methods': {}}
-      runs = [('autoregressive', base, 0)] + [(f'{name} g{g}', e, g)
-                                               for name, e in engines.items() for g in gammas]
+      runs = [('autoregressive', base, 0)] + [
+        (f'{name} g{g}', e, g) for name, e in engines.items() for g in gammas
+      ]
       for label, engine, gamma in runs:
         out = sc.run_paths(engine, ids, args.n, args.max_new, sampling, seed=i, gamma=gamma)
         stats = sc.method_stats(out)
@@ -74,8 +78,11 @@ def main():
           texts = [target.tokenizer.decode(t) for t in out.tokens]
           stats['vote'] = sc.majority_vote([sc.extract_answer(t) for t in texts])
         row['methods'][label] = stats
-        print(f'{spec} {prompt.id} {label}: {stats["tokens_per_call"]:.2f} tokens/call, '
-              f'{stats["tokens_per_second"]:.1f} tok/s', flush=True)
+        print(
+          f'{spec} {prompt.id} {label}: {stats["tokens_per_call"]:.2f} tokens/call, '
+          f'{stats["tokens_per_second"]:.1f} tok/s',
+          flush=True,
+        )
       records.append(row)
 
   summary = {}
@@ -84,24 +91,32 @@ def main():
     out = {}
     for label in rows[0]['methods']:
       ms = [r['methods'][label] for r in rows]
-      out[label] = {'tokens_per_call': float(np.mean([m['tokens_per_call'] for m in ms])),
-                    'tokens_per_second': sum(m['tokens'] for m in ms)
-                    / sum(m['seconds'] for m in ms),
-                    'acceptance': float(np.mean([m['acceptance_rate'] or 0 for m in ms]))}
+      out[label] = {
+        'tokens_per_call': float(np.mean([m['tokens_per_call'] for m in ms])),
+        'tokens_per_second': sum(m['tokens'] for m in ms) / sum(m['seconds'] for m in ms),
+        'acceptance': float(np.mean([m['acceptance_rate'] or 0 for m in ms])),
+      }
     ar = out['autoregressive']['tokens_per_second']
     for label, s in out.items():
       s['speedup'] = s['tokens_per_second'] / ar
       gamma = label.rsplit(' g', 1)[-1]
       if label.startswith('consensus'):
-        s['tokens_per_call_vs_ngram'] = s['tokens_per_call'] / out[f'ngram g{gamma}'][
-            'tokens_per_call']
+        s['tokens_per_call_vs_ngram'] = (
+          s['tokens_per_call'] / out[f'ngram g{gamma}']['tokens_per_call']
+        )
     summary[spec] = out
 
-  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                          text=True).stdout.strip()
-  result = {'args': vars(args), 'commit': commit, 'date': datetime.date.today().isoformat(),
-            'machine': platform.processor() or platform.machine(), 'summary': summary,
-            'prompts': records}
+  commit = subprocess.run(
+    ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
+  ).stdout.strip()
+  result = {
+    'args': vars(args),
+    'commit': commit,
+    'date': datetime.date.today().isoformat(),
+    'machine': platform.processor() or platform.machine(),
+    'summary': summary,
+    'prompts': records,
+  }
   path = pathlib.Path(args.out)
   path.mkdir(parents=True, exist_ok=True)
   (path / 'results.json').write_text(json.dumps(result, indent=1))
@@ -110,9 +125,11 @@ def main():
   for spec, out in summary.items():
     for label, s in out.items():
       vs = s.get('tokens_per_call_vs_ngram')
-      print(f'| {spec} | {label} | {s["tokens_per_call"]:.2f} | '
-            f'{"" if vs is None else f"{vs:.2f}x"} | {s["acceptance"]:.2f} | '
-            f'{s["tokens_per_second"]:.1f} | {s["speedup"]:.2f}x |')
+      print(
+        f'| {spec} | {label} | {s["tokens_per_call"]:.2f} | '
+        f'{"" if vs is None else f"{vs:.2f}x"} | {s["acceptance"]:.2f} | '
+        f'{s["tokens_per_second"]:.1f} | {s["speedup"]:.2f}x |'
+      )
 
 
 if __name__ == '__main__':

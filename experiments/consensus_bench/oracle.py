@@ -66,9 +66,9 @@ def own_lookup(ctx: list[int], gamma: int, n_max: int = 3) -> list[int]:
   for n in range(n_max, 0, -1):
     if length < n:
       continue
-    tail = ctx[length - n:]
+    tail = ctx[length - n :]
     for end in range(length - 2, n - 2, -1):
-      if ctx[end - n + 1:end + 1] == tail:
+      if ctx[end - n + 1 : end + 1] == tail:
         return [ctx[min(end + 1 + i, length - 1)] for i in range(gamma)]
   return []  # nothing proposed
 
@@ -95,8 +95,9 @@ def padded(tokens: list[int], gamma: int) -> str:
   return as_text(tokens + tokens[-1:] * gamma) if tokens else ''
 
 
-def matched_candidates(prompt: list[int], ctx: list[int], others: list[list[int]], k: int,
-                       m: int, gamma: int) -> list[list[int]]:
+def matched_candidates(
+  prompt: list[int], ctx: list[int], others: list[list[int]], k: int, m: int, gamma: int
+) -> list[list[int]]:
   """What consensus drafting can propose: the continuations (padded with their last token)
   after every place in another path's generated text where the tokens before it differ
   from the path's last k tokens in at most m positions, plus the path's own lookup."""
@@ -110,15 +111,16 @@ def matched_candidates(prompt: list[int], ctx: list[int], others: list[list[int]
   for other in others:
     full = prompt + other
     for end in range(max(k - 1, len(prompt) - 1), len(full) - 1):
-      window = full[end - k + 1:end + 1]
+      window = full[end - k + 1 : end + 1]
       if sum(a != b for a, b in zip(window, pattern)) <= m:
-        cont = full[end + 1:end + 1 + gamma]
+        cont = full[end + 1 : end + 1 + gamma]
         out.append(cont + cont[-1:] * (gamma - len(cont)))
   return out
 
 
-def replay(prompt: list[int], paths: list[list[int]], gamma: int, mode: str,
-           k: int = 4, m: int = 1) -> list[float]:
+def replay(
+  prompt: list[int], paths: list[list[int]], gamma: int, mode: str, k: int = 4, m: int = 1
+) -> list[float]:
   """Tokens per target call of each path (prefill included) under `mode`."""
   n = len(paths)
   pos = [1] * n  # the prefill emits each path's first token
@@ -129,19 +131,23 @@ def replay(prompt: list[int], paths: list[list[int]], gamma: int, mode: str,
       t = now[i]
       if t >= len(path):
         continue
-      future = path[t:t + gamma]
+      future = path[t : t + gamma]
       ctx = prompt + path[:t]
       if mode == 'own':
         run = agreement(own_lookup(ctx, gamma), future)
       elif mode == 'matched':
-        others = [paths[j][:now[j]] for j in range(n) if j != i]
-        run = max((agreement(c, future)
-                   for c in matched_candidates(prompt, ctx, others, k, m, gamma)), default=0)
+        others = [paths[j][: now[j]] for j in range(n) if j != i]
+        run = max(
+          (agreement(c, future) for c in matched_candidates(prompt, ctx, others, k, m, gamma)),
+          default=0,
+        )
       else:
-        others = [paths[j] if mode == 'oracle_full' else paths[j][:now[j]]
-                  for j in range(n) if j != i]
-        run = best_substring_run([padded(ctx, gamma)] + [padded(o, gamma) for o in others],
-                                 future, gamma)
+        others = [
+          paths[j] if mode == 'oracle_full' else paths[j][: now[j]] for j in range(n) if j != i
+        ]
+        run = best_substring_run(
+          [padded(ctx, gamma)] + [padded(o, gamma) for o in others], future, gamma
+        )
       pos[i] = min(t + run + 1, len(path))
       calls[i] += 1
   return [len(path) / c for path, c in zip(paths, calls)]
@@ -155,10 +161,14 @@ def main():
   parser.add_argument('--temperature', type=float, default=0.7)
   parser.add_argument('--max_new', type=int, default=128)
   parser.add_argument('--gammas', default='2,4')
-  parser.add_argument('--matched', default='4:1,3:1,2:0,1:0',
-                      help='(k:m) settings for the matched oracle')
-  parser.add_argument('--replay', default='',
-                      help='texts.jsonl of an earlier run: replay its paths instead of sampling')
+  parser.add_argument(
+    '--matched', default='4:1,3:1,2:0,1:0', help='(k:m) settings for the matched oracle'
+  )
+  parser.add_argument(
+    '--replay',
+    default='',
+    help='texts.jsonl of an earlier run: replay its paths instead of sampling',
+  )
   parser.add_argument('--out', default='experiments/consensus_bench/oracle')
   args = parser.parse_args()
   gammas = [int(g) for g in args.gammas.split(',')]
@@ -180,13 +190,22 @@ def main():
     engine = Engine(target.params, target.cfg, eos_id=tok.eos_id, cache_size=1024)
     sampling = SamplingConfig(temperature=args.temperature)
     for name in args.sets.split(','):
-      for i, p in enumerate(prompts_lib.load_prompts(name)[:args.num_prompts]):
+      for i, p in enumerate(prompts_lib.load_prompts(name)[: args.num_prompts]):
         prompt = tok.encode_chat(p.text)
         o = engine.generate([prompt] * args.n, args.max_new, sampling, seed=i)
         paths = [list(map(int, t)) for t in o.tokens]
         groups[name, p.id] = (prompt, paths)
-        texts += [{'set': name, 'id': p.id, 'path': j, 'text': tok.decode(path),
-                   'tokens': path, 'prompt_tokens': prompt} for j, path in enumerate(paths)]
+        texts += [
+          {
+            'set': name,
+            'id': p.id,
+            'path': j,
+            'text': tok.decode(path),
+            'tokens': path,
+            'prompt_tokens': prompt,
+          }
+          for j, path in enumerate(paths)
+        ]
 
   rows = []
   for (name, pid), (prompt, paths) in groups.items():
@@ -199,8 +218,11 @@ def main():
         else:
           res[mode] = float(np.mean(replay(prompt, paths, g, mode)))
       rows.append({'set': name, 'id': pid, 'gamma': g, **res})
-      print(f'{name} {pid} gamma={g}: ' + ', '.join(
-          f'{mode} {v:.2f} ({v / res["own"]:.2f}x)' for mode, v in res.items()), flush=True)
+      print(
+        f'{name} {pid} gamma={g}: '
+        + ', '.join(f'{mode} {v:.2f} ({v / res["own"]:.2f}x)' for mode, v in res.items()),
+        flush=True,
+      )
 
   lines = ['| set | γ | ' + ' | '.join(modes) + ' |', '|---|---|' + '---|' * len(modes)]
   summary = {}
@@ -209,16 +231,32 @@ def main():
       sel = [r for r in rows if r['set'] == name and r['gamma'] == g]
       mean = {mode: float(np.mean([r[mode] for r in sel])) for mode in modes}
       summary[f'{name} g{g}'] = mean
-      lines.append(f'| {name} | {g} | ' + ' | '.join(
+      lines.append(
+        f'| {name} | {g} | '
+        + ' | '.join(
           f'{v:.2f}' + ('' if mode == 'own' else f' ({v / mean["own"]:.2f}x)')
-          for mode, v in mean.items()) + ' |')
+          for mode, v in mean.items()
+        )
+        + ' |'
+      )
   table = '\n'.join(lines)
   print(table)
-  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                          text=True).stdout.strip()
-  (out / 'results.json').write_text(json.dumps(
-      {'args': vars(args), 'commit': commit, 'date': str(datetime.date.today()),
-       'summary': summary, 'prompts': rows}, indent=1) + '\n')
+  commit = subprocess.run(
+    ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
+  ).stdout.strip()
+  (out / 'results.json').write_text(
+    json.dumps(
+      {
+        'args': vars(args),
+        'commit': commit,
+        'date': str(datetime.date.today()),
+        'summary': summary,
+        'prompts': rows,
+      },
+      indent=1,
+    )
+    + '\n'
+  )
   (out / 'table.md').write_text(table + '\n')
   if not args.replay:
     with open(out / 'texts.jsonl', 'w') as f:

@@ -54,23 +54,32 @@ def read_bandwidth(nbytes: int, repeats: int = 7) -> dict[str, float]:
 def transformers_model(gguf_path: pathlib.Path):
   import torch
   import transformers
+
   torch.set_num_threads(os.cpu_count() or 1)
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+  )
   return model.eval()
 
 
 def transformers_greedy(model, prompt: list[int], max_new: int) -> tuple[float, float]:
   """(prefill seconds, total seconds) of a greedy generate that ignores EOS."""
   import torch
+
   ids = torch.tensor([prompt])
   with torch.inference_mode():
     t = time.perf_counter()
     model(ids)
     prefill = time.perf_counter() - t
     t = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
+    out = model.generate(
+      ids,
+      max_new_tokens=max_new,
+      min_new_tokens=max_new,
+      do_sample=False,
+      eos_token_id=None,
+      pad_token_id=0,
+    )
     total = time.perf_counter() - t
   assert out.shape[1] == len(prompt) + max_new, out.shape
   return prefill, total
@@ -93,8 +102,21 @@ def main():
   weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
   hf = None if args.skip_transformers else transformers_model(assets.fetch('smollm2-135m-instruct'))
 
-  rows = {k: [] for k in ('bw_numpy', 'bw_jax', 'prefill128_ms', 'b1', 'b4', 'b8', 'b1_step_ms',
-                          'hf_b1', 'hf_e2e_b1', 'sj_e2e_b1')}
+  rows = {
+    k: []
+    for k in (
+      'bw_numpy',
+      'bw_jax',
+      'prefill128_ms',
+      'b1',
+      'b4',
+      'b8',
+      'b1_step_ms',
+      'hf_b1',
+      'hf_e2e_b1',
+      'sj_e2e_b1',
+    )
+  }
   for r in range(args.rounds):
     bw = read_bandwidth(weight_bytes)
     rows['bw_numpy'].append(bw['numpy'])
@@ -103,8 +125,9 @@ def main():
     b1 = [engine.generate([p], args.max_new) for p in prompts]
     rows['b1'].append(np.median([o.decode_tokens_per_second for o in b1]))
     rows['b1_step_ms'].append(np.median([o.decode_seconds / o.steps * 1e3 for o in b1]))
-    rows['sj_e2e_b1'].append(np.median([args.max_new / (o.prefill_seconds + o.decode_seconds)
-                                        for o in b1]))
+    rows['sj_e2e_b1'].append(
+      np.median([args.max_new / (o.prefill_seconds + o.decode_seconds) for o in b1])
+    )
     for b in (4, 8):
       o = engine.generate(prompts[:b] if b <= len(prompts) else (prompts * 2)[:b], args.max_new)
       rows[f'b{b}'].append(o.decode_tokens_per_second)
@@ -112,22 +135,30 @@ def main():
       runs = [transformers_greedy(hf, p, args.max_new) for p in prompts]
       rows['hf_b1'].append(np.median([(args.max_new - 1) / (total - pre) for pre, total in runs]))
       rows['hf_e2e_b1'].append(np.median([args.max_new / total for _, total in runs]))
-    print(f'round {r + 1}/{args.rounds}: ' + ', '.join(
-        f'{k}={v[-1]:.1f}' for k, v in rows.items() if v), flush=True)
+    print(
+      f'round {r + 1}/{args.rounds}: '
+      + ', '.join(f'{k}={v[-1]:.1f}' for k, v in rows.items() if v),
+      flush=True,
+    )
 
   med = {k: float(np.median(v)) for k, v in rows.items() if v}
   bandwidth = max(med['bw_numpy'], med['bw_jax'])
   achieved = weight_bytes / (med['b1_step_ms'] / 1e3) / 1e9
   result = {
-      'date': datetime.date.today().isoformat(),
-      'commit': subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                               text=True).stdout.strip(),
-      'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores, '
-                 f'jax {jax.__version__} {jax.devices()[0].platform}',
-      'rounds': args.rounds, 'max_new': args.max_new, 'prompts': len(prompts),
-      'weight_bytes': weight_bytes, 'medians': med,
-      'bandwidth_gb_s': bandwidth, 'achieved_gb_s': achieved,
-      'roofline_fraction': achieved / bandwidth,
+    'date': datetime.date.today().isoformat(),
+    'commit': subprocess.run(
+      ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
+    ).stdout.strip(),
+    'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores, '
+    f'jax {jax.__version__} {jax.devices()[0].platform}',
+    'rounds': args.rounds,
+    'max_new': args.max_new,
+    'prompts': len(prompts),
+    'weight_bytes': weight_bytes,
+    'medians': med,
+    'bandwidth_gb_s': bandwidth,
+    'achieved_gb_s': achieved,
+    'roofline_fraction': achieved / bandwidth,
   }
   if 'hf_b1' in med:
     result['speedup_vs_transformers_decode'] = med['b1'] / med['hf_b1']

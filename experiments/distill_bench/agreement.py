@@ -44,18 +44,25 @@ def main():
     raise SystemExit(f'--draft {args.draft!r} is {label}, not a distilled draft')
   eos = target.tokenizer.eos_id
   plain = Engine(target.params, target.cfg, eos_id=eos, cache_size=1024)
-  spec = Engine(target.params, target.cfg, eos_id=eos, cache_size=1024, drafter=drafter,
-                draft_params=draft_params)
+  spec = Engine(
+    target.params,
+    target.cfg,
+    eos_id=eos,
+    cache_size=1024,
+    drafter=drafter,
+    draft_params=draft_params,
+  )
   print(f'{"prompt":<16} {"teacher-forced, all":>20} {"at visited":>11} {"in the loop":>12}')
-  for p in prompts_lib.load_prompts(args.prompts)[:args.num_prompts]:
+  for p in prompts_lib.load_prompts(args.prompts)[: args.num_prompts]:
     prompt = target.tokenizer.encode_chat(p.text)
     answer = plain.generate([prompt], args.max_new).tokens[0]
     cache = KVCache.init(drafter.cfg, 1, len(prompt) + len(answer), jnp.float32)
-    logits, _ = distilled.subset_logits(draft_params, jnp.asarray([prompt + answer]), cache,
-                                        drafter.cfg)
+    logits, _ = distilled.subset_logits(
+      draft_params, jnp.asarray([prompt + answer]), cache, drafter.cfg
+    )
     predicted = np.asarray(draft_params['vocab_ids'])[np.asarray(logits[0].argmax(-1))]
     # Answer token j is predicted from prompt + answer[:j], at position len(prompt) - 1 + j.
-    agree = predicted[len(prompt) - 1:len(prompt) - 1 + len(answer)] == np.asarray(answer)
+    agree = predicted[len(prompt) - 1 : len(prompt) - 1 + len(answer)] == np.asarray(answer)
     out = spec.generate([prompt], args.max_new, gamma=1, verifier='greedy')
     if out.tokens[0] != answer:
       raise SystemExit(f'{p.id}: speculative output differs from the target greedy answer')
@@ -65,8 +72,7 @@ def main():
         visited.append(agree[position])
         kept.append(accepted)
       position += accepted + 1
-    print(f'{p.id:<16} {agree[1:].mean():>20.3f} {np.mean(visited):>11.3f} '
-          f'{np.mean(kept):>12.3f}')
+    print(f'{p.id:<16} {agree[1:].mean():>20.3f} {np.mean(visited):>11.3f} {np.mean(kept):>12.3f}')
 
 
 if __name__ == '__main__':

@@ -45,8 +45,10 @@ from specjax.models import llama, loader  # noqa: E402
 def prompt_sets(tokenizer, n):
   he = prompts_lib.load_prompts('humaneval', n)
   mt = prompts_lib.load_prompts('mtbench')[::10]
-  return {'humaneval': [tokenizer.encode_chat(p.text) for p in he],
-          'mtbench': [tokenizer.encode_chat(p.text) for p in mt]}
+  return {
+    'humaneval': [tokenizer.encode_chat(p.text) for p in he],
+    'mtbench': [tokenizer.encode_chat(p.text) for p in mt],
+  }
 
 
 def run_specjax(engine, prompts, gamma, max_new, sampling):
@@ -59,12 +61,17 @@ def run_specjax(engine, prompts, gamma, max_new, sampling):
     drafted += sum(sum(d) for d in o.drafted)
     accepted += sum(sum(a) for a in o.accepted)
     outs.append(o.tokens[0])
-  return {'tokens': tokens, 'seconds': seconds, 'tokens_per_second': tokens / seconds,
-          'acceptance_rate': accepted / drafted if drafted else None}, outs
+  return {
+    'tokens': tokens,
+    'seconds': seconds,
+    'tokens_per_second': tokens / seconds,
+    'acceptance_rate': accepted / drafted if drafted else None,
+  }, outs
 
 
 def run_transformers(model, prompts, max_new, eos_id, assistant=None, gamma=0):
   import torch
+
   tokens = seconds = 0
   outs = []
   kwargs = {}
@@ -76,13 +83,20 @@ def run_transformers(model, prompts, max_new, eos_id, assistant=None, gamma=0):
   with torch.inference_mode():
     for p in prompts:
       ids = torch.tensor([p])
-      model.generate(ids, max_new_tokens=2, do_sample=False, eos_token_id=eos_id,
-                     pad_token_id=eos_id, **kwargs)  # warm-up
+      model.generate(
+        ids, max_new_tokens=2, do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id, **kwargs
+      )  # warm-up
       t = time.perf_counter()
-      out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=eos_id,
-                           pad_token_id=eos_id, **kwargs)
+      out = model.generate(
+        ids,
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        **kwargs,
+      )
       seconds += time.perf_counter() - t
-      new = out[0, len(p):].tolist()
+      new = out[0, len(p) :].tolist()
       tokens += len(new)
       outs.append(new)
   return {'tokens': tokens, 'seconds': seconds, 'tokens_per_second': tokens / seconds}, outs
@@ -91,8 +105,9 @@ def run_transformers(model, prompts, max_new, eos_id, assistant=None, gamma=0):
 def init_draft(target, cfg, params, info):
   """The draft before distillation: the same architecture initialised from the target."""
   layers = tuple(int(i) % target.cfg.n_layers for i in info['init_layers'])
-  return distilled.init_from_target(target.cfg, target.params, layers,
-                                    np.asarray(params['vocab_ids']), cfg.ffn_dim)[1]
+  return distilled.init_from_target(
+    target.cfg, target.params, layers, np.asarray(params['vocab_ids']), cfg.ffn_dim
+  )[1]
 
 
 def main():
@@ -112,21 +127,36 @@ def main():
   drafter, draft_params, label = loader.load_draft(args.draft, target)
   path = loader.DISTILLED_DRAFT if args.draft == 'distilled' else args.draft.split(':')[-1]
   _, _, info = distilled.load_draft_dir(path, target.params['embed'])
-  engine = Engine(target.params, target.cfg, eos_id=target.tokenizer.eos_id, cache_size=1024,
-                  drafter=drafter, draft_params=draft_params)
+  engine = Engine(
+    target.params,
+    target.cfg,
+    eos_id=target.tokenizer.eos_id,
+    cache_size=1024,
+    drafter=drafter,
+    draft_params=draft_params,
+  )
   sets = prompt_sets(target.tokenizer, args.num_prompts)
   target_ms = cost_lib.step_ms(llama.forward, engine.params, target.cfg)
   draft_ms = cost_lib.step_ms(cost_lib.subset_forward, engine.draft_params, drafter.cfg)
-  results = {'cost': {'target_step_ms': target_ms, 'draft_step_ms': draft_ms,
-                      'ratio': draft_ms / target_ms}}
-  print(f'draft step {draft_ms:.2f} ms = {100 * draft_ms / target_ms:.1f}% of the target\'s '
-        f'{target_ms:.2f} ms', flush=True)
+  results = {
+    'cost': {'target_step_ms': target_ms, 'draft_step_ms': draft_ms, 'ratio': draft_ms / target_ms}
+  }
+  print(
+    f"draft step {draft_ms:.2f} ms = {100 * draft_ms / target_ms:.1f}% of the target's "
+    f'{target_ms:.2f} ms',
+    flush=True,
+  )
   meta = _meta(args, label, info)
   init_engine = None
   if args.compare_init:
-    init_engine = Engine(target.params, target.cfg, eos_id=target.tokenizer.eos_id,
-                         cache_size=1024, drafter=drafter,
-                         draft_params=init_draft(target, drafter.cfg, draft_params, info))
+    init_engine = Engine(
+      target.params,
+      target.cfg,
+      eos_id=target.tokenizer.eos_id,
+      cache_size=1024,
+      drafter=drafter,
+      draft_params=init_draft(target, drafter.cfg, draft_params, info),
+    )
   settings = [(name, 0.0) for name in sets] + ([('humaneval', 1.0)] if args.t1 else [])
   for name, temp in settings:
     sampling = SamplingConfig(temperature=temp)
@@ -142,16 +172,23 @@ def main():
         res0, _ = run_specjax(init_engine, sets[name], g, args.max_new, sampling)
         res0['speedup'] = res0['tokens_per_second'] / base['tokens_per_second']
         row[f'before_distillation_gamma{g}'] = res0
-      print(f'{name} T={temp:g} gamma={g}: acceptance {res["acceptance_rate"]:.3f}, '
-            f'{res["tokens_per_second"]:.1f} tok/s, {res["speedup"]:.2f}x of '
-            f'{base["tokens_per_second"]:.1f}'
-            + (f'; before distillation {res0["acceptance_rate"]:.3f} ({res0["speedup"]:.2f}x)'
-               if init_engine is not None else ''), flush=True)
+      print(
+        f'{name} T={temp:g} gamma={g}: acceptance {res["acceptance_rate"]:.3f}, '
+        f'{res["tokens_per_second"]:.1f} tok/s, {res["speedup"]:.2f}x of '
+        f'{base["tokens_per_second"]:.1f}'
+        + (
+          f'; before distillation {res0["acceptance_rate"]:.3f} ({res0["speedup"]:.2f}x)'
+          if init_engine is not None
+          else ''
+        ),
+        flush=True,
+      )
     results[f'{name}_T{temp:g}'] = row
     save(args.out, meta, results)
   if args.transformers:
-    results['transformers'] = compare_transformers(target, drafter, draft_params, sets, gammas,
-                                                   args.max_new, results)
+    results['transformers'] = compare_transformers(
+      target, drafter, draft_params, sets, gammas, args.max_new, results
+    )
     save(args.out, meta, results)
 
 
@@ -162,11 +199,17 @@ def save(folder, meta, results):
 
 
 def _meta(args, label, info):
-  return {'date': datetime.date.today().isoformat(),
-          'commit': subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                                   text=True).stdout.strip(),
-          'machine': f'{os.cpu_count()} cores, jax {jax.__version__}', 'draft': label,
-          'info': info, 'max_new': args.max_new, 'num_prompts': args.num_prompts}
+  return {
+    'date': datetime.date.today().isoformat(),
+    'commit': subprocess.run(
+      ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
+    ).stdout.strip(),
+    'machine': f'{os.cpu_count()} cores, jax {jax.__version__}',
+    'draft': label,
+    'info': info,
+    'max_new': args.max_new,
+    'num_prompts': args.num_prompts,
+  }
 
 
 def compare_transformers(target, drafter, draft_params, sets, gammas, max_new, results):
@@ -174,15 +217,18 @@ def compare_transformers(target, drafter, draft_params, sets, gammas, max_new, r
   from this run beside them."""
   import torch
   import transformers
+
   torch.set_num_threads(os.cpu_count())
   tmp = pathlib.Path(tempfile.mkdtemp(prefix='distill_bench_'))
   hf.export_hf(tmp / 'target', target.cfg, target.params, target.tokenizer)
   dcfg, dparams = distilled.full_vocab_model(drafter.cfg, draft_params)
   hf.export_hf(tmp / 'draft', dcfg, dparams, target.tokenizer)
-  model = transformers.AutoModelForCausalLM.from_pretrained(tmp / 'target',
-                                                            dtype=torch.float32).eval()
-  assistant = transformers.AutoModelForCausalLM.from_pretrained(tmp / 'draft',
-                                                                dtype=torch.float32).eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+    tmp / 'target', dtype=torch.float32
+  ).eval()
+  assistant = transformers.AutoModelForCausalLM.from_pretrained(
+    tmp / 'draft', dtype=torch.float32
+  ).eval()
   out = {}
   eos = target.tokenizer.eos_id
   for name, prompts in sets.items():
@@ -190,14 +236,18 @@ def compare_transformers(target, drafter, draft_params, sets, gammas, max_new, r
     row = {'greedy': plain}
     for g in gammas:
       res, _ = run_transformers(model, prompts, max_new, eos, assistant, g)
-      res['speedup_over_transformers_greedy'] = res['tokens_per_second'] / plain[
-          'tokens_per_second']
+      res['speedup_over_transformers_greedy'] = (
+        res['tokens_per_second'] / plain['tokens_per_second']
+      )
       ours = results[f'{name}_T0'][f'speculative_gamma{g}']['tokens_per_second']
       res['specjax_speculative_over_assisted'] = ours / res['tokens_per_second']
       row[f'assisted_gamma{g}'] = res
-      print(f'transformers {name} gamma={g}: assisted {res["tokens_per_second"]:.1f} tok/s '
-            f'(greedy {plain["tokens_per_second"]:.1f}); specjax speculative {ours:.1f} tok/s = '
-            f'{res["specjax_speculative_over_assisted"]:.2f}x assisted', flush=True)
+      print(
+        f'transformers {name} gamma={g}: assisted {res["tokens_per_second"]:.1f} tok/s '
+        f'(greedy {plain["tokens_per_second"]:.1f}); specjax speculative {ours:.1f} tok/s = '
+        f'{res["specjax_speculative_over_assisted"]:.2f}x assisted',
+        flush=True,
+      )
     out[name] = row
   return out
 

@@ -35,6 +35,7 @@ def step_ms(fn_logits, params, cfg, slots=512, inner=16, repeats=9):
       logits, new_cache = fn_logits(p, x, cache, cfg)
       x = (x + jnp.argmax(logits[:, -1:], -1).astype(x.dtype)) % cfg.vocab_size
       return x, new_cache.with_lengths(cache.lengths), acc + logits[:, -1, 0]
+
     return jax.lax.fori_loop(0, inner, body, (x, cache, jnp.zeros(x.shape[:1])))[2]
 
   fn = jax.jit(many)
@@ -54,8 +55,16 @@ def subset_forward(p, x, cache, cfg):
 
 
 DESIGNS = [  # (layers, ffn, vocabulary)
-  (2, 1536, 49152), (2, 1536, 16384), (2, 1536, 8192), (2, 1536, 4096), (2, 1536, 2048),
-  (1, 1536, 8192), (1, 1536, 4096), (2, 768, 8192), (3, 1536, 8192), (4, 1536, 8192),
+  (2, 1536, 49152),
+  (2, 1536, 16384),
+  (2, 1536, 8192),
+  (2, 1536, 4096),
+  (2, 1536, 2048),
+  (1, 1536, 8192),
+  (1, 1536, 4096),
+  (2, 768, 8192),
+  (3, 1536, 8192),
+  (4, 1536, 8192),
 ]
 
 
@@ -69,8 +78,9 @@ def main():
   drafts = {}
   for layers, ffn, vocab in DESIGNS:
     ids = np.arange(vocab, dtype=np.int32)
-    cfg, params = distilled.init_from_target(target.cfg, target.params, tuple(range(layers)),
-                                             ids, ffn)
+    cfg, params = distilled.init_from_target(
+      target.cfg, target.params, tuple(range(layers)), ids, ffn
+    )
     drafts[(layers, ffn, vocab)] = (cfg, jax.device_put(params))
   rows = {d: [] for d in drafts}
   target_ms = []
@@ -81,15 +91,18 @@ def main():
       rows[d].append(step_ms(subset_forward, params, cfg) / t)
   out = []
   for (layers, ffn, vocab), ratios in rows.items():
-    out.append({'layers': layers, 'ffn': ffn, 'vocab': vocab,
-                'cost_ratio': float(np.median(ratios))})
-    print(f'{layers} layers, ffn {ffn}, vocab {vocab}: {100 * out[-1]["cost_ratio"]:.1f}% '
-          f'of a target step', flush=True)
+    out.append(
+      {'layers': layers, 'ffn': ffn, 'vocab': vocab, 'cost_ratio': float(np.median(ratios))}
+    )
+    print(
+      f'{layers} layers, ffn {ffn}, vocab {vocab}: {100 * out[-1]["cost_ratio"]:.1f}% '
+      f'of a target step',
+      flush=True,
+    )
   print(f'target step: {np.median(target_ms):.2f} ms (median)')
   path = pathlib.Path(args.out)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({'target_ms': float(np.median(target_ms)), 'drafts': out},
-                             indent=2))
+  path.write_text(json.dumps({'target_ms': float(np.median(target_ms)), 'drafts': out}, indent=2))
 
 
 if __name__ == '__main__':

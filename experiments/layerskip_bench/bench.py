@@ -48,11 +48,25 @@ def main():
 
   target = loader.load_model('smollm2-135m-instruct')
   drafter, draft_params, label = loader.load_draft(draft, target)
-  engine = Engine(target.params, target.cfg, eos_id=target.tokenizer.eos_id, cache_size=1024,
-                  drafter=drafter, draft_params=draft_params)
+  engine = Engine(
+    target.params,
+    target.cfg,
+    eos_id=target.tokenizer.eos_id,
+    cache_size=1024,
+    drafter=drafter,
+    draft_params=draft_params,
+  )
   sets = []
-  for cat in ('writing', 'roleplay', 'reasoning', 'math', 'coding', 'extraction', 'stem',
-              'humanities'):
+  for cat in (
+    'writing',
+    'roleplay',
+    'reasoning',
+    'math',
+    'coding',
+    'extraction',
+    'stem',
+    'humanities',
+  ):
     sets += prompts_lib.load_prompts(f'mtbench:{cat}', args.per_category)
   if args.humaneval:
     sets += prompts_lib.load_prompts('humaneval', args.humaneval)
@@ -61,9 +75,20 @@ def main():
     ids = target.tokenizer.encode_chat(prompt.text)
     plain = engine.generate([ids], args.max_new)
     spec = engine.generate([ids], args.max_new, gamma=gamma, verifier='greedy')
-    c = per.setdefault(prompt.category, {'tokens': 0, 'plain_tokens': 0, 'seconds': 0.0,
-                                         'plain_seconds': 0.0, 'accepted': 0, 'drafted': 0,
-                                         'calls': 0, 'mismatches': 0, 'prompts': 0})
+    c = per.setdefault(
+      prompt.category,
+      {
+        'tokens': 0,
+        'plain_tokens': 0,
+        'seconds': 0.0,
+        'plain_seconds': 0.0,
+        'accepted': 0,
+        'drafted': 0,
+        'calls': 0,
+        'mismatches': 0,
+        'prompts': 0,
+      },
+    )
     c['prompts'] += 1
     c['tokens'] += spec.num_generated
     c['plain_tokens'] += plain.num_generated
@@ -73,37 +98,60 @@ def main():
     c['drafted'] += sum(map(sum, spec.drafted))
     c['calls'] += spec.target_calls
     c['mismatches'] += int(spec.tokens != plain.tokens)
-    print(f'{prompt.category} {prompt.id}: accept {spec.acceptance_rate:.2f}, '
-          f'{spec.num_generated / spec.target_calls:.2f} tokens/call', flush=True)
+    print(
+      f'{prompt.category} {prompt.id}: accept {spec.acceptance_rate:.2f}, '
+      f'{spec.num_generated / spec.target_calls:.2f} tokens/call',
+      flush=True,
+    )
 
   rows = {}
   for cat, c in per.items():
     tps = c['tokens'] / c['seconds']
-    rows[cat] = {'prompts': c['prompts'], 'acceptance': c['accepted'] / max(c['drafted'], 1),
-                 'tokens_per_call': c['tokens'] / c['calls'], 'tokens_per_second': tps,
-                 'speedup': tps / (c['plain_tokens'] / c['plain_seconds']),
-                 'greedy_mismatches': c['mismatches']}
+    rows[cat] = {
+      'prompts': c['prompts'],
+      'acceptance': c['accepted'] / max(c['drafted'], 1),
+      'tokens_per_call': c['tokens'] / c['calls'],
+      'tokens_per_second': tps,
+      'speedup': tps / (c['plain_tokens'] / c['plain_seconds']),
+      'greedy_mismatches': c['mismatches'],
+    }
   total = {k: sum(c[k] for c in per.values()) for k in next(iter(per.values()))}
-  rows['all'] = {'prompts': total['prompts'],
-                 'acceptance': total['accepted'] / max(total['drafted'], 1),
-                 'tokens_per_call': total['tokens'] / total['calls'],
-                 'tokens_per_second': total['tokens'] / total['seconds'],
-                 'speedup': (total['tokens'] / total['seconds'])
-                 / (total['plain_tokens'] / total['plain_seconds']),
-                 'greedy_mismatches': total['mismatches']}
-  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                          text=True).stdout.strip()
+  rows['all'] = {
+    'prompts': total['prompts'],
+    'acceptance': total['accepted'] / max(total['drafted'], 1),
+    'tokens_per_call': total['tokens'] / total['calls'],
+    'tokens_per_second': total['tokens'] / total['seconds'],
+    'speedup': (total['tokens'] / total['seconds'])
+    / (total['plain_tokens'] / total['plain_seconds']),
+    'greedy_mismatches': total['mismatches'],
+  }
+  commit = subprocess.run(
+    ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
+  ).stdout.strip()
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / 'results.json').write_text(json.dumps(
-      {'args': vars(args), 'draft': draft, 'label': label, 'gamma': gamma, 'commit': commit,
-       'date': datetime.date.today().isoformat(), 'per_category': rows}, indent=1))
+  (out / 'results.json').write_text(
+    json.dumps(
+      {
+        'args': vars(args),
+        'draft': draft,
+        'label': label,
+        'gamma': gamma,
+        'commit': commit,
+        'date': datetime.date.today().isoformat(),
+        'per_category': rows,
+      },
+      indent=1,
+    )
+  )
   print(f'draft {draft} ({label}), gamma {gamma}')
   print('| category | prompts | acceptance | tokens/call | tok/s | speedup | greedy mismatches |')
   print('|---|---|---|---|---|---|---|')
   for cat, r in rows.items():
-    print(f'| {cat} | {r["prompts"]} | {r["acceptance"]:.2f} | {r["tokens_per_call"]:.2f} | '
-          f'{r["tokens_per_second"]:.1f} | {r["speedup"]:.2f}x | {r["greedy_mismatches"]} |')
+    print(
+      f'| {cat} | {r["prompts"]} | {r["acceptance"]:.2f} | {r["tokens_per_call"]:.2f} | '
+      f'{r["tokens_per_second"]:.1f} | {r["speedup"]:.2f}x | {r["greedy_mismatches"]} |'
+    )
 
 
 if __name__ == '__main__':

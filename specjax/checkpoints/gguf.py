@@ -56,8 +56,11 @@ def tensor_table(cfg: LlamaConfig) -> list[tuple[str, tuple[Any, ...], str]]:
 
   A tree path is a key sequence into the tree: ('embed',) or ('layers', 3, 'wq').
   """
-  table = [(name, (key,), kind) for name, key, kind in GLOBAL_TENSORS
-           if key != 'lm_head' or not cfg.tie_embeddings]
+  table = [
+    (name, (key,), kind)
+    for name, key, kind in GLOBAL_TENSORS
+    if key != 'lm_head' or not cfg.tie_embeddings
+  ]
   for i in range(cfg.n_layers):
     table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in LAYER_TENSORS]
   return table
@@ -92,8 +95,10 @@ def _source_shape(tree_shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
 
 
 def _corrupt(path: pathlib.Path, problem: str) -> ValueError:
-  return ValueError(f'{path} is not a readable GGUF file (truncated or corrupt: {problem}); '
-                    'delete it and fetch it again')
+  return ValueError(
+    f'{path} is not a readable GGUF file (truncated or corrupt: {problem}); '
+    'delete it and fetch it again'
+  )
 
 
 def open_reader(path: str | os.PathLike) -> gguf.GGUFReader:
@@ -129,8 +134,9 @@ def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike) -> Llam
   path = pathlib.Path(path)
   arch = _field(reader, path, 'general.architecture')
   if arch != _ARCH:
-    raise ValueError(f'{path}: architecture {arch!r} is not supported (load_gguf reads '
-                     f'{_ARCH!r} models only)')
+    raise ValueError(
+      f'{path}: architecture {arch!r} is not supported (load_gguf reads {_ARCH!r} models only)'
+    )
   get = lambda key, default=_REQUIRED: _field(reader, path, f'{_ARCH}.{key}', default)
   d_model, n_heads = int(get('embedding_length')), int(get('attention.head_count'))
   head_dim = int(get('attention.key_length', d_model // n_heads))
@@ -180,8 +186,10 @@ def _dequantize(t: Any, path: pathlib.Path) -> np.ndarray:
   try:
     w = gguf.quants.dequantize(t.data, t.tensor_type)
   except NotImplementedError as e:
-    raise ValueError(f'{path}: tensor {t.name!r} has type {t.tensor_type.name}, which the gguf '
-                     'package cannot dequantise') from e
+    raise ValueError(
+      f'{path}: tensor {t.name!r} has type {t.tensor_type.name}, which the gguf '
+      'package cannot dequantise'
+    ) from e
   return w.reshape(shape)
 
 
@@ -204,30 +212,37 @@ def _check_names(path: pathlib.Path, table: list, tensors: dict) -> None:
     raise ValueError(f'{path}: missing tensors {missing}')
   unexpected = sorted(set(tensors) - expected)
   if unexpected:
-    raise ValueError(f'{path}: unexpected tensors {unexpected} (not part of a plain llama '
-                     'model; e.g. rope_freqs.weight means llama3 RoPE scaling, unsupported)')
+    raise ValueError(
+      f'{path}: unexpected tensors {unexpected} (not part of a plain llama '
+      'model; e.g. rope_freqs.weight means llama3 RoPE scaling, unsupported)'
+    )
 
 
-def _iter_leaves(reader: gguf.GGUFReader, cfg: LlamaConfig, path: pathlib.Path,
-                 progress: bool) -> Iterator[tuple[tuple[Any, ...], np.ndarray, str]]:
+def _iter_leaves(
+  reader: gguf.GGUFReader, cfg: LlamaConfig, path: pathlib.Path, progress: bool
+) -> Iterator[tuple[tuple[Any, ...], np.ndarray, str]]:
   """Yields (tree path, source array, transform) for every tensor, shape-checked."""
   tensors = {t.name: t for t in reader.tensors}
   table = tensor_table(cfg)
   _check_names(path, table, tensors)
   shapes = cfg.param_shapes()
-  for name, tree_path, kind in tqdm.tqdm(table, desc=f'loading {path.name}', unit='tensor',
-                                         disable=not progress):
+  for name, tree_path, kind in tqdm.tqdm(
+    table, desc=f'loading {path.name}', unit='tensor', disable=not progress
+  ):
     t = tensors[name]
     have = tuple(reversed([int(d) for d in t.shape]))
     want = _source_shape(tuple(_get(shapes, tree_path)), kind)
     if have != want:
-      raise ValueError(f'{path}: tensor {name!r} has shape {have}, expected {want} from the '
-                       f'config (numpy order, GGUF dims reversed)')
+      raise ValueError(
+        f'{path}: tensor {name!r} has shape {have}, expected {want} from the '
+        f'config (numpy order, GGUF dims reversed)'
+      )
     yield tree_path, _dequantize(t, path), kind
 
 
-def load_gguf(path: str | os.PathLike, dtype: Any = np.float32,
-              progress: bool = True) -> tuple[LlamaConfig, Params]:
+def load_gguf(
+  path: str | os.PathLike, dtype: Any = np.float32, progress: bool = True
+) -> tuple[LlamaConfig, Params]:
   """Reads a llama GGUF file into (config, parameter tree of host numpy arrays in `dtype`).
 
   Raises:

@@ -51,8 +51,11 @@ WEIGHTS_FILE = 'model.safetensors'
 
 def tensor_table(cfg: LlamaConfig) -> list[tuple[str, tuple[Any, ...], str]]:
   """Every (Hugging Face name, tree path, transform) of a model with config `cfg`."""
-  table = [(name, (key,), kind) for name, key, kind in GLOBAL_TENSORS
-           if key != 'lm_head' or not cfg.tie_embeddings]
+  table = [
+    (name, (key,), kind)
+    for name, key, kind in GLOBAL_TENSORS
+    if key != 'lm_head' or not cfg.tie_embeddings
+  ]
   for i in range(cfg.n_layers):
     table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in LAYER_TENSORS]
   return table
@@ -105,8 +108,13 @@ def hf_config(cfg: LlamaConfig, dtype: Any = np.float32, tokenizer: Any = None) 
   return config
 
 
-def export_hf(directory: str | os.PathLike, cfg: LlamaConfig, params: Params,
-              tokenizer: Any = None, dtype: Any = np.float32) -> pathlib.Path:
+def export_hf(
+  directory: str | os.PathLike,
+  cfg: LlamaConfig,
+  params: Params,
+  tokenizer: Any = None,
+  dtype: Any = np.float32,
+) -> pathlib.Path:
   """Writes config.json and model.safetensors (and the tokenizer's files) into `directory`.
 
   Args:
@@ -153,8 +161,10 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
   """A LlamaConfig from config.json contents; missing fields take transformers' defaults."""
   file = pathlib.Path(file)
   if config.get('model_type') != 'llama':
-    raise ValueError(f'{file}: model_type {config.get("model_type")!r} is not supported '
-                     "(load_hf reads 'llama' models only)")
+    raise ValueError(
+      f'{file}: model_type {config.get("model_type")!r} is not supported '
+      "(load_hf reads 'llama' models only)"
+    )
   for key, ok in (('hidden_act', 'silu'), ('attention_bias', False), ('mlp_bias', False)):
     if config.get(key, ok) != ok:
       raise ValueError(f'{file}: {key}={config[key]!r} is not supported (need {ok!r})')
@@ -177,8 +187,9 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
     raise ValueError(f'{file}: required field {e.args[0]!r} is missing') from e
 
 
-def _open_shards(directory: pathlib.Path,
-                 stack: contextlib.ExitStack) -> dict[str, tuple[pathlib.Path, Any]]:
+def _open_shards(
+  directory: pathlib.Path, stack: contextlib.ExitStack
+) -> dict[str, tuple[pathlib.Path, Any]]:
   """Tensor name -> (file, open safetensors handle), over every *.safetensors file."""
   files = sorted(directory.glob('*.safetensors'))
   if not files:
@@ -231,8 +242,9 @@ def load_hf(directory: str | os.PathLike, dtype: Any = np.float32) -> tuple[Llam
   return cfg, params
 
 
-def _read(source: tuple[pathlib.Path, Any], name: str, shape: tuple[int, ...], kind: str,
-          dtype: Any) -> np.ndarray:
+def _read(
+  source: tuple[pathlib.Path, Any], name: str, shape: tuple[int, ...], kind: str, dtype: Any
+) -> np.ndarray:
   """One tensor, checked to become a leaf of tree shape `shape`, in tree layout and `dtype`."""
   file, handle = source
   have = tuple(handle.get_slice(name).get_shape())

@@ -30,8 +30,12 @@ def _checkpointer() -> ocp.Checkpointer:
   return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
 
 
-def save_params(directory: str | os.PathLike, params: Params, cfg: LlamaConfig | None = None,
-                overwrite: bool = False) -> pathlib.Path:
+def save_params(
+  directory: str | os.PathLike,
+  params: Params,
+  cfg: LlamaConfig | None = None,
+  overwrite: bool = False,
+) -> pathlib.Path:
   """Saves `params` (numpy or jax arrays) and, if given, `cfg` as a checkpoint at `directory`.
 
   Raises:
@@ -62,12 +66,17 @@ def _lists(tree: Any) -> Any:
 
 def _abstract(cfg: LlamaConfig, stored: Any) -> Params:
   """Restore target: the tree of `cfg.param_shapes()` (lists stay lists) with stored dtypes."""
-  return jax.tree.map(lambda shape, meta: jax.ShapeDtypeStruct(shape, meta.dtype),
-                      cfg.param_shapes(), stored, is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.map(
+    lambda shape, meta: jax.ShapeDtypeStruct(shape, meta.dtype),
+    cfg.param_shapes(),
+    stored,
+    is_leaf=lambda x: isinstance(x, tuple),
+  )
 
 
-def restore_params(directory: str | os.PathLike,
-                   cfg: LlamaConfig | None = None) -> tuple[LlamaConfig | None, Params]:
+def restore_params(
+  directory: str | os.PathLike, cfg: LlamaConfig | None = None
+) -> tuple[LlamaConfig | None, Params]:
   """Restores (config, params) saved by `save_params`.
 
   Args:
@@ -88,8 +97,9 @@ def restore_params(directory: str | os.PathLike,
   checkpointer = _checkpointer()
   metadata = checkpointer.metadata(directory).item_metadata
   if cfg is None and _CONFIG in metadata:
-    saved = checkpointer.restore(directory, args=ocp.args.Composite(
-        **{_CONFIG: ocp.args.JsonRestore()}))[_CONFIG]
+    saved = checkpointer.restore(
+      directory, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()})
+    )[_CONFIG]
     cfg = LlamaConfig(**saved)
   stored = _lists(metadata[_PARAMS].tree)
   if cfg is None:
@@ -97,6 +107,7 @@ def restore_params(directory: str | os.PathLike,
   else:
     check_params(cfg, stored, source=str(directory))
     target = _abstract(cfg, stored)
-  restored = checkpointer.restore(directory, args=ocp.args.Composite(
-      **{_PARAMS: ocp.args.StandardRestore(target)}))
+  restored = checkpointer.restore(
+    directory, args=ocp.args.Composite(**{_PARAMS: ocp.args.StandardRestore(target)})
+  )
   return cfg, restored[_PARAMS]

@@ -52,8 +52,11 @@ class AdaptiveConfig:
 
   def __post_init__(self):
     gammas = tuple(self.gammas)
-    if not gammas or any(not isinstance(g, int) or g < 1 for g in gammas) or (
-        list(gammas) != sorted(set(gammas))):
+    if (
+      not gammas
+      or any(not isinstance(g, int) or g < 1 for g in gammas)
+      or (list(gammas) != sorted(set(gammas)))
+    ):
       raise ValueError(f'adaptive gammas must be increasing integers >= 1, got {self.gammas}')
     object.__setattr__(self, 'gammas', gammas)
     for name in ('draft_cost', 'verify_cost'):
@@ -62,8 +65,10 @@ class AdaptiveConfig:
         value = tuple(0.0 for _ in gammas) if name == 'draft_cost' else tuple(1.0 for _ in gammas)
       value = tuple(float(v) for v in value)
       if len(value) != len(gammas) or any(v < 0 for v in value):
-        raise ValueError(f'adaptive {name} needs one non-negative cost per gamma {gammas}, '
-                         f'got {getattr(self, name)}')
+        raise ValueError(
+          f'adaptive {name} needs one non-negative cost per gamma {gammas}, '
+          f'got {getattr(self, name)}'
+        )
       object.__setattr__(self, name, value)
     if not 0 < self.decay <= 1:
       raise ValueError(f'adaptive decay must lie in (0, 1], got {self.decay}')
@@ -77,8 +82,12 @@ class AdaptiveConfig:
     """Settings with the measured `costs` (a specjax.control.costs.Costs)."""
     gammas = tuple(gammas or sorted(costs.draft_ms))
     units = [costs.units(g) for g in gammas]
-    return cls(gammas=gammas, draft_cost=tuple(round(d, 4) for d, _ in units),
-               verify_cost=tuple(round(v, 4) for _, v in units), **kwargs)
+    return cls(
+      gammas=gammas,
+      draft_cost=tuple(round(d, 4) for d, _ in units),
+      verify_cost=tuple(round(v, 4) for _, v in units),
+      **kwargs,
+    )
 
   @property
   def max_wait(self) -> int:
@@ -127,11 +136,15 @@ def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Arra
 
 def init(config: AdaptiveConfig) -> ControlState:
   zero = jnp.zeros((), jnp.float32)
-  ctrl = ControlState(successes=zero, failures=zero, choice=jnp.zeros((), jnp.int32),
-                      since_probe=jnp.zeros((), jnp.int32),
-                      wait=jnp.asarray(config.probe_every, jnp.int32),
-                      switches=jnp.zeros((), jnp.int32),
-                      toggles=jnp.zeros((), jnp.int32))
+  ctrl = ControlState(
+    successes=zero,
+    failures=zero,
+    choice=jnp.zeros((), jnp.int32),
+    since_probe=jnp.zeros((), jnp.int32),
+    wait=jnp.asarray(config.probe_every, jnp.int32),
+    switches=jnp.zeros((), jnp.int32),
+    toggles=jnp.zeros((), jnp.int32),
+  )
   if config.start_on:
     best = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
     ctrl = ctrl.replace(choice=best)
@@ -145,8 +158,13 @@ def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
   return jnp.where(due, probe, ctrl.choice)
 
 
-def update(config: AdaptiveConfig, ctrl: ControlState, ran: jax.Array, accepted: jax.Array,
-           drafted: jax.Array) -> ControlState:
+def update(
+  config: AdaptiveConfig,
+  ctrl: ControlState,
+  ran: jax.Array,
+  accepted: jax.Array,
+  drafted: jax.Array,
+) -> ControlState:
   """Folds in one iteration (per-row accepted/drafted; drafted 0 = no draft) and re-decides."""
   tried = drafted > 0
   observed = jnp.any(tried)
@@ -155,20 +173,24 @@ def update(config: AdaptiveConfig, ctrl: ControlState, ran: jax.Array, accepted:
   # Evidence ages with time, not only with observations: after a gap of plain steps a
   # probe weighs more against the stale counts.
   age = 1.0 + ctrl.since_probe.astype(jnp.float32) / config.probe_every
-  decay = jnp.where(observed, config.decay ** age, 1.0)
+  decay = jnp.where(observed, config.decay**age, 1.0)
   successes = decay * ctrl.successes + s
   failures = decay * ctrl.failures + f
-  ctrl = ctrl.replace(successes=successes, failures=failures,
-                      since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0))
+  ctrl = ctrl.replace(
+    successes=successes, failures=failures, since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0)
+  )
   new = _decide(config, ctrl.choice, alpha(config, ctrl))
   probed = (ctrl.choice == 0) & (ran != 0)
   # A probe that kept every draft token asks for another soon; one that failed backs off.
   clean = (f == 0) & (s > 0)
   backoff = jnp.where(clean, config.probe_every, jnp.minimum(2 * ctrl.wait, config.max_wait))
   wait = jnp.where(new != 0, config.probe_every, jnp.where(probed, backoff, ctrl.wait))
-  return ctrl.replace(choice=new, wait=wait.astype(jnp.int32),
-                      switches=ctrl.switches + (new != ctrl.choice),
-                      toggles=ctrl.toggles + ((new == 0) != (ctrl.choice == 0)))
+  return ctrl.replace(
+    choice=new,
+    wait=wait.astype(jnp.int32),
+    switches=ctrl.switches + (new != ctrl.choice),
+    toggles=ctrl.toggles + ((new == 0) != (ctrl.choice == 0)),
+  )
 
 
 def simulate(config: AdaptiveConfig, accept_prob, key: jax.Array, batch: int = 1):

@@ -45,8 +45,9 @@ def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
   return (lo + hi) / 2
 
 
-def predicted_speedup(alpha, gamma: int, draft_cost: float, verify_cost: float,
-                      verified_fraction: float = 1.0):
+def predicted_speedup(
+  alpha, gamma: int, draft_cost: float, verify_cost: float, verified_fraction: float = 1.0
+):
   """E(alpha, gamma) / (draft_cost + verify_cost), both in target-step units.
 
   `verified_fraction` < 1 models drafters that skip verification when they have

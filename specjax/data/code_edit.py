@@ -14,24 +14,49 @@ import textwrap
 import warnings
 
 CANDIDATES = (
-    'textwrap.dedent', 'textwrap.indent', 'textwrap.shorten', 'shlex.quote', 'shlex.join',
-    'posixpath.join', 'posixpath.normpath', 'posixpath.splitext', 'posixpath.relpath',
-    'genericpath.commonprefix', 'string.capwords', 'colorsys.rgb_to_hsv', 'colorsys.hsv_to_rgb',
-    'colorsys.rgb_to_hls', 'colorsys.hls_to_rgb', 'html.escape', 'calendar.isleap',
-    'calendar.leapdays', 'calendar.monthrange', 'statistics.median', 'statistics.mode',
-    'statistics.fmean', 'statistics.median_low', 'statistics.median_high', 'glob.has_magic',
-    'fnmatch.filter', 'difflib.get_close_matches', 'urllib.parse.quote_from_bytes',
-    'fractions.Fraction.limit_denominator', 'random.Random.choices', 'heapq.nsmallest',
+  'textwrap.dedent',
+  'textwrap.indent',
+  'textwrap.shorten',
+  'shlex.quote',
+  'shlex.join',
+  'posixpath.join',
+  'posixpath.normpath',
+  'posixpath.splitext',
+  'posixpath.relpath',
+  'genericpath.commonprefix',
+  'string.capwords',
+  'colorsys.rgb_to_hsv',
+  'colorsys.hsv_to_rgb',
+  'colorsys.rgb_to_hls',
+  'colorsys.hls_to_rgb',
+  'html.escape',
+  'calendar.isleap',
+  'calendar.leapdays',
+  'calendar.monthrange',
+  'statistics.median',
+  'statistics.mode',
+  'statistics.fmean',
+  'statistics.median_low',
+  'statistics.median_high',
+  'glob.has_magic',
+  'fnmatch.filter',
+  'difflib.get_close_matches',
+  'urllib.parse.quote_from_bytes',
+  'fractions.Fraction.limit_denominator',
+  'random.Random.choices',
+  'heapq.nsmallest',
 )
 CHANGES = (
-    'add a docstring that explains what it does',
-    'add type hints to every parameter and to the return value',
-    'rename it by appending "_v2" to its name',
-    'add a short comment above each return statement',
+  'add a docstring that explains what it does',
+  'add type hints to every parameter and to the return value',
+  'rename it by appending "_v2" to its name',
+  'add a short comment above each return statement',
 )
-TEMPLATE = ('Here is a Python function from the standard library:\n\n```python\n{source}```\n\n'
-            'Return the complete function with one change: {change}. Keep everything else '
-            'exactly the same and reply with only the code.')
+TEMPLATE = (
+  'Here is a Python function from the standard library:\n\n```python\n{source}```\n\n'
+  'Return the complete function with one change: {change}. Keep everything else '
+  'exactly the same and reply with only the code.'
+)
 
 
 def stdlib_source(qualname: str) -> str | None:

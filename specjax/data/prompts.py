@@ -106,6 +106,7 @@ def _resolve(spec: str) -> tuple[Prompt, ...] | list[Prompt]:
     return mtbench()
   if spec == 'code_edit':
     from specjax.data.code_edit import code_edit_prompts
+
     return [Prompt(id=i, text=t, category='code_edit') for i, t in code_edit_prompts()]
   if spec.startswith('mtbench:'):
     return mtbench(spec.split(':', 1)[1])

@@ -11,10 +11,21 @@ from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
 
-def prefill(params, prompt_tokens: jax.Array, prompt_lens: jax.Array, max_new: jax.Array,
-            key: jax.Array, *, cfg: llama.LlamaConfig, sampling: sampling_lib.SamplingConfig,
-            eos_id: int, cache_size: int, out_len: int, pad_id: int = 0,
-            constrain_cache=None) -> DecodeState:
+def prefill(
+  params,
+  prompt_tokens: jax.Array,
+  prompt_lens: jax.Array,
+  max_new: jax.Array,
+  key: jax.Array,
+  *,
+  cfg: llama.LlamaConfig,
+  sampling: sampling_lib.SamplingConfig,
+  eos_id: int,
+  cache_size: int,
+  out_len: int,
+  pad_id: int = 0,
+  constrain_cache=None,
+) -> DecodeState:
   """Runs the prompts [B, P] (right-padded; real lengths prompt_lens[B]) and emits the first token.
 
   `constrain_cache`, if given, maps a KVCache to itself with sharding constraints.
@@ -29,12 +40,15 @@ def prefill(params, prompt_tokens: jax.Array, prompt_lens: jax.Array, max_new: j
   key, sub = jax.random.split(key)
   first = sampling_lib.sample(logits, sub, sampling)
   state = DecodeState(
-      tokens=jnp.full((b, out_len), pad_id, jnp.int32),
-      num_generated=jnp.zeros((b,), jnp.int32),
-      done=jnp.zeros((b,), bool),
-      prompt_lens=prompt_lens.astype(jnp.int32),
-      max_new=max_new.astype(jnp.int32),
-      cache=cache, key=key, step=jnp.zeros((), jnp.int32))
+    tokens=jnp.full((b, out_len), pad_id, jnp.int32),
+    num_generated=jnp.zeros((b,), jnp.int32),
+    done=jnp.zeros((b,), bool),
+    prompt_lens=prompt_lens.astype(jnp.int32),
+    max_new=max_new.astype(jnp.int32),
+    cache=cache,
+    key=key,
+    step=jnp.zeros((), jnp.int32),
+  )
   return commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
 
 

@@ -92,36 +92,62 @@ class Engine:
       (its vocabulary must be the target's).
   """
 
-  def __init__(self, params, cfg: llama.LlamaConfig, *, eos_id: int, cache_size: int = 1024,
-               mesh: jax.sharding.Mesh | None = None, buckets: Sequence[int] | None = None,
-               pad_id: int = 0, drafter: Drafter | None = None, draft_params=None):
+  def __init__(
+    self,
+    params,
+    cfg: llama.LlamaConfig,
+    *,
+    eos_id: int,
+    cache_size: int = 1024,
+    mesh: jax.sharding.Mesh | None = None,
+    buckets: Sequence[int] | None = None,
+    pad_id: int = 0,
+    drafter: Drafter | None = None,
+    draft_params=None,
+  ):
     if not 0 < cache_size:
       raise ValueError(f'cache_size must be positive, got {cache_size}')
     if cache_size > cfg.max_seq_len:
       raise ValueError(f'cache_size {cache_size} exceeds the model context {cfg.max_seq_len}')
     llama.check_params(cfg, params)
     self.cfg, self.eos_id, self.cache_size, self.mesh, self.pad_id = (
-        cfg, eos_id, cache_size, mesh, pad_id)
+      cfg,
+      eos_id,
+      cache_size,
+      mesh,
+      pad_id,
+    )
     if buckets and (min(buckets) < 1 or max(buckets) > cache_size):
       raise ValueError(f'buckets must lie in [1, cache_size={cache_size}], got {sorted(buckets)}')
-    self.buckets = (tuple(sorted(set(buckets) | {cache_size})) if buckets
-                    else default_buckets(cache_size))
+    self.buckets = (
+      tuple(sorted(set(buckets) | {cache_size})) if buckets else default_buckets(cache_size)
+    )
     if drafter is not None and drafter.vocab_size != cfg.vocab_size:
-      raise ValueError(f'the drafter ({drafter.describe()}) has a vocabulary of '
-                       f'{drafter.vocab_size} tokens but the target ({cfg.name}) has '
-                       f'{cfg.vocab_size}: draft and target must share one vocabulary')
+      raise ValueError(
+        f'the drafter ({drafter.describe()}) has a vocabulary of '
+        f'{drafter.vocab_size} tokens but the target ({cfg.name}) has '
+        f'{cfg.vocab_size}: draft and target must share one vocabulary'
+      )
     self.drafter = drafter
-    put = (functools.partial(sharding_lib.shard_params, mesh=mesh) if mesh is not None
-           else jax.device_put)
+    put = (
+      functools.partial(sharding_lib.shard_params, mesh=mesh)
+      if mesh is not None
+      else jax.device_put
+    )
     self.params = put(params)
     self.draft_params = None if draft_params is None else put(draft_params)
-    constrain = (functools.partial(sharding_lib.constrain_cache, mesh=mesh) if mesh is not None
-                 else None)
+    constrain = (
+      functools.partial(sharding_lib.constrain_cache, mesh=mesh) if mesh is not None else None
+    )
     self._prefill = jax.jit(
-        functools.partial(loop.prefill, constrain_cache=constrain, pad_id=pad_id),
-        static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'))
-    self._decode = jax.jit(loop.decode, static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
-                           donate_argnames=('state',))
+      functools.partial(loop.prefill, constrain_cache=constrain, pad_id=pad_id),
+      static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
+    )
+    self._decode = jax.jit(
+      loop.decode,
+      static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
+      donate_argnames=('state',),
+    )
     self._warm: set = set()
     self._control: dict = {}  # adaptive method -> controller state after its last batch
 
@@ -148,8 +174,10 @@ class Engine:
       if m < 1:
         raise ValueError(f'max_new_tokens must be >= 1, got {m} for prompt {i}')
       if n + m > self.cache_size:
-        raise ValueError(f'prompt {i} has {n} tokens; with max_new_tokens={m} it needs {n + m} '
-                         f'cache slots, but cache_size is {self.cache_size}')
+        raise ValueError(
+          f'prompt {i} has {n} tokens; with max_new_tokens={m} it needs {n + m} '
+          f'cache slots, but cache_size is {self.cache_size}'
+        )
       ids = np.asarray(p)
       if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
         raise ValueError(f'prompt {i} has token ids outside [0, {self.cfg.vocab_size})')
@@ -157,7 +185,7 @@ class Engine:
     width = min(bucket_for(int(lengths.max()), self.buckets), slots)
     tokens = np.full((len(prompts), width), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
-      tokens[i, :len(p)] = p
+      tokens[i, : len(p)] = p
     out_len = bucket_for(int(max_new.max()), default_buckets(1 << 30))
     return tokens, lengths.astype(np.int32), max_new.astype(np.int32), out_len, slots
 
@@ -166,9 +194,13 @@ class Engine:
       return jnp.asarray(x)
     return jax.device_put(x, sharding_lib.batch_sharding(self.mesh, x.shape))
 
-  def method(self, gamma: int = 0, verifier: str = 'rejection',
-             sampling: SamplingConfig = SamplingConfig(),
-             adaptive: AdaptiveConfig | None = None) -> Method:
+  def method(
+    self,
+    gamma: int = 0,
+    verifier: str = 'rejection',
+    sampling: SamplingConfig = SamplingConfig(),
+    adaptive: AdaptiveConfig | None = None,
+  ) -> Method:
     """Validates a (gamma, verifier) choice against this engine and the sampling.
 
     With `adaptive`, gamma is ignored: the method drafts up to max(adaptive.gammas).
@@ -178,20 +210,30 @@ class Engine:
     if gamma and self.drafter is None:
       raise ValueError(f'gamma={gamma} needs a drafter, and this engine has none')
     if isinstance(gamma, int) and gamma + 1 >= self.cache_size:
-      raise ValueError(f'gamma={gamma} is too large for cache_size {self.cache_size}: '
-                       f'verification needs gamma + 1 slots and room for the prompt')
+      raise ValueError(
+        f'gamma={gamma} is too large for cache_size {self.cache_size}: '
+        f'verification needs gamma + 1 slots and room for the prompt'
+      )
     if verifier == 'greedy' and not sampling.greedy:
-      raise ValueError(f'the greedy verifier is only lossless for greedy decoding, not at '
-                       f'temperature {sampling.temperature}: use rejection or block')
+      raise ValueError(
+        f'the greedy verifier is only lossless for greedy decoding, not at '
+        f'temperature {sampling.temperature}: use rejection or block'
+      )
     drafter = self.drafter if gamma else None
     if adaptive is not None:
       drafter = drafter.resyncing(adaptive.max_wait)
     return Method(gamma=gamma, verifier=verifier, drafter=drafter, adaptive=adaptive)
 
-  def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int] = 64,
-               sampling: SamplingConfig = SamplingConfig(), seed: int = 0, gamma: int = 0,
-               verifier: str = 'rejection',
-               adaptive: AdaptiveConfig | None = None) -> GenerationOutput:
+  def generate(
+    self,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int | Sequence[int] = 64,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int = 0,
+    gamma: int = 0,
+    verifier: str = 'rejection',
+    adaptive: AdaptiveConfig | None = None,
+  ) -> GenerationOutput:
     """Generates for a batch of token-id prompts (different lengths allowed).
 
     gamma 0 is autoregressive decoding; gamma >= 1 drafts that many tokens per target
@@ -218,24 +260,42 @@ class Engine:
     out.compile_seconds = compile_seconds
     return out
 
-  def _run(self, tokens, lengths, max_new, out_len, slots, sampling, seed,
-           method) -> GenerationOutput:
+  def _run(
+    self, tokens, lengths, max_new, out_len, slots, sampling, seed, method
+  ) -> GenerationOutput:
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
     control = self._control.get((method, sampling))  # host copies: decode donates its state
     if method.adaptive is not None and control is None:  # a state, never None: no recompile
       control = jax.device_get(adaptive_lib.init(method.adaptive))
-    state = self._prefill(params, self._put(tokens), self._put(lengths), self._put(max_new),
-                          jax.random.key(seed), control, cfg=self.cfg, method=method,
-                          sampling=sampling, eos_id=self.eos_id, cache_size=slots,
-                          out_len=out_len)
+    state = self._prefill(
+      params,
+      self._put(tokens),
+      self._put(lengths),
+      self._put(max_new),
+      jax.random.key(seed),
+      control,
+      cfg=self.cfg,
+      method=method,
+      sampling=sampling,
+      eos_id=self.eos_id,
+      cache_size=slots,
+      out_len=out_len,
+    )
     jax.block_until_ready(state)
     mid = time.perf_counter()
-    state = self._decode(params, state, cfg=self.cfg, method=method, sampling=sampling,
-                         eos_id=self.eos_id)
+    state = self._decode(
+      params, state, cfg=self.cfg, method=method, sampling=sampling, eos_id=self.eos_id
+    )
     out_tokens, counts, steps, accepted, drafted = jax.device_get(
-        (state.tokens, state.num_generated, state.step, state.extra['accepted'],
-         state.extra['drafted']))
+      (
+        state.tokens,
+        state.num_generated,
+        state.step,
+        state.extra['accepted'],
+        state.extra['drafted'],
+      )
+    )
     end = time.perf_counter()
     switches = 0
     if method.adaptive is not None:
@@ -244,8 +304,13 @@ class Engine:
       if max_new.max() > 1:  # not the warm-up run
         self._control[(method, sampling)] = final
     return GenerationOutput(
-        tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],
-        prompt_lens=lengths.tolist(), prefill_seconds=mid - start, decode_seconds=end - mid,
-        steps=int(steps), accepted=[row[row >= 0].tolist() for row in accepted],
-        drafted=[row[row >= 0].tolist() for row in drafted], gamma=method.gamma,
-        switches=switches)
+      tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],
+      prompt_lens=lengths.tolist(),
+      prefill_seconds=mid - start,
+      decode_seconds=end - mid,
+      steps=int(steps),
+      accepted=[row[row >= 0].tolist() for row in accepted],
+      drafted=[row[row >= 0].tolist() for row in drafted],
+      gamma=method.gamma,
+      switches=switches,
+    )

@@ -54,8 +54,10 @@ class Method:
     if self.gamma > 0 and self.drafter is None:
       raise ValueError(f'gamma={self.gamma} needs a drafter')
     if self.adaptive is not None and self.gamma != max(self.adaptive.gammas):
-      raise ValueError(f'an adaptive method has gamma = max(adaptive.gammas) = '
-                       f'{max(self.adaptive.gammas)}, got {self.gamma}')
+      raise ValueError(
+        f'an adaptive method has gamma = max(adaptive.gammas) = '
+        f'{max(self.adaptive.gammas)}, got {self.gamma}'
+      )
     verify.get(self.verifier)
 
   @property
@@ -67,23 +69,47 @@ class Method:
     return f'{self.drafter.describe()} gamma={self.gamma} {self.verifier}'
 
 
-def prefill(params, prompt_tokens, prompt_lens, max_new, key, control=None, *,
-            cfg: llama.LlamaConfig, method: Method, sampling: sampling_lib.SamplingConfig,
-            eos_id: int, cache_size: int, out_len: int, pad_id: int = 0,
-            constrain_cache=None) -> DecodeState:
+def prefill(
+  params,
+  prompt_tokens,
+  prompt_lens,
+  max_new,
+  key,
+  control=None,
+  *,
+  cfg: llama.LlamaConfig,
+  method: Method,
+  sampling: sampling_lib.SamplingConfig,
+  eos_id: int,
+  cache_size: int,
+  out_len: int,
+  pad_id: int = 0,
+  constrain_cache=None,
+) -> DecodeState:
   """Target prefill and first token, the drafter's own prefill, empty statistics.
 
   `control` is the adaptive controller's starting state (e.g. where the previous batch
   left it); None starts from its prior.
   """
   state = autoregressive.prefill(
-      params['target'], prompt_tokens, prompt_lens, max_new, key, cfg=cfg, sampling=sampling,
-      eos_id=eos_id, cache_size=cache_size, out_len=out_len, pad_id=pad_id,
-      constrain_cache=constrain_cache)
+    params['target'],
+    prompt_tokens,
+    prompt_lens,
+    max_new,
+    key,
+    cfg=cfg,
+    sampling=sampling,
+    eos_id=eos_id,
+    cache_size=cache_size,
+    out_len=out_len,
+    pad_id=pad_id,
+    constrain_cache=constrain_cache,
+  )
   draft_state = None
   if method.gamma:
-    draft_state = method.drafter.init(params['draft'], prompt_tokens, prompt_lens, cache_size,
-                                      constrain_cache)
+    draft_state = method.drafter.init(
+      params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache
+    )
   history = jnp.full((prompt_tokens.shape[0], out_len), -1, jnp.int32)  # per row, iteration
   extra = {'draft': draft_state, 'accepted': history, 'drafted': history}
   if method.adaptive is not None:
@@ -102,14 +128,25 @@ def _verify(logits, draft, q, key, *, method: Method, sampling, width: int):
   dists = jax.nn.one_hot(draft, p.shape[-1], dtype=p.dtype) if q is None else q
   accepted, nxt = verify.get(method.verifier)(p, dists, draft, key)
   offsets = jnp.arange(gamma + 1)
-  new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))),
-                         nxt[:, None])
+  new_tokens = jnp.where(
+    offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))), nxt[:, None]
+  )
   new_tokens = jnp.pad(new_tokens, ((0, 0), (0, width - gamma)))
   return new_tokens, accepted, jnp.full_like(accepted, gamma)
 
 
-def _finish(state: DecodeState, new_tokens, accepted, drafted, cache, draft_state, *,
-            method: Method, eos_id: int, counted=True) -> DecodeState:
+def _finish(
+  state: DecodeState,
+  new_tokens,
+  accepted,
+  drafted,
+  cache,
+  draft_state,
+  *,
+  method: Method,
+  eos_id: int,
+  counted=True,
+) -> DecodeState:
   """Records the iteration's statistics, commits its tokens and rolls the drafter back.
 
   `counted` False (a traced bool) leaves the iteration count as it was.
@@ -126,8 +163,15 @@ def _finish(state: DecodeState, new_tokens, accepted, drafted, cache, draft_stat
   return state.replace(extra=extra)
 
 
-def _lookup_step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
-                 sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
+def _lookup_step(
+  params,
+  state: DecodeState,
+  *,
+  cfg: llama.LlamaConfig,
+  method: Method,
+  sampling: sampling_lib.SamplingConfig,
+  eos_id: int,
+) -> DecodeState:
   """An iteration of a drafter that may find nothing to propose (`skip_when_empty`).
 
   Plain steps run in a loop of their own while no row of the batch has a proposal, then
@@ -141,8 +185,9 @@ def _lookup_step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: 
   def propose(s):
     key, sub = jax.random.split(s.key)
     k_draft, k_verify = jax.random.split(sub)
-    draft, q, draft_state = drafter.propose(params['draft'], s.extra['draft'], s, k_draft,
-                                            width, sampling)
+    draft, q, draft_state = drafter.propose(
+      params['draft'], s.extra['draft'], s, k_draft, width, sampling
+    )
     return s.replace(key=key), (draft, q, draft_state, k_verify)
 
   def empty(carry):
@@ -154,23 +199,52 @@ def _lookup_step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: 
     logits, cache = llama.forward(target, s.last_tokens[:, None], s.cache, cfg)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(s.num_generated)
-    s = _finish(s, jnp.pad(token, ((0, 0), (0, width))), zeros, zeros, cache, draft_state,
-                method=method, eos_id=eos_id)
+    s = _finish(
+      s,
+      jnp.pad(token, ((0, 0), (0, width))),
+      zeros,
+      zeros,
+      cache,
+      draft_state,
+      method=method,
+      eos_id=eos_id,
+    )
     return propose(s)
 
   state, (draft, q, draft_state, k_verify) = jax.lax.while_loop(empty, plain, propose(state))
   # If every row finished during the plain steps, this verification changes nothing and
   # is not counted.
-  logits, cache = llama.forward(target, jnp.concatenate([state.last_tokens[:, None], draft], 1),
-                                state.cache, cfg)
-  new_tokens, accepted, drafted = _verify(logits, draft, q, k_verify, method=method,
-                                          sampling=sampling, width=width)
-  return _finish(state, new_tokens, accepted, drafted, cache, draft_state, method=method,
-                 eos_id=eos_id, counted=~jnp.all(state.done))
+  logits, cache = llama.forward(
+    target, jnp.concatenate([state.last_tokens[:, None], draft], 1), state.cache, cfg
+  )
+  new_tokens, accepted, drafted = _verify(
+    logits, draft, q, k_verify, method=method, sampling=sampling, width=width
+  )
+  return _finish(
+    state,
+    new_tokens,
+    accepted,
+    drafted,
+    cache,
+    draft_state,
+    method=method,
+    eos_id=eos_id,
+    counted=~jnp.all(state.done),
+  )
 
 
-def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, method: Method,
-               sampling, pending: bool = False):
+def _iteration(
+  params,
+  state: DecodeState,
+  gamma: int,
+  width: int,
+  key,
+  *,
+  cfg,
+  method: Method,
+  sampling,
+  pending: bool = False,
+):
   """One draft-and-verify round with `gamma` draft tokens (0: a plain step).
 
   Returns (new tokens [B, width + 1] of which accepted + 1 count, accepted [B],
@@ -188,8 +262,10 @@ def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, 
       return llama.forward(target, tokens, state.cache, cfg)
     hidden, (ks, vs) = llama.forward_hidden_pending(target, tokens, state.cache, cfg)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, width + 1 - tokens.shape[1]), (0, 0), (0, 0)))
-    return (llama.logits_from_hidden(target, hidden, cfg),
-            ([pad(k) for k in ks], [pad(v) for v in vs]))
+    return (
+      llama.logits_from_hidden(target, hidden, cfg),
+      ([pad(k) for k in ks], [pad(v) for v in vs]),
+    )
 
   def plain(_):
     logits, cache = target_forward(last)
@@ -199,13 +275,16 @@ def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, 
 
   if gamma == 0:
     return (*plain(None), draft_state)
-  draft, q, draft_state = method.drafter.propose(params['draft'], draft_state, state, k_draft,
-                                                 gamma, sampling)
+  draft, q, draft_state = method.drafter.propose(
+    params['draft'], draft_state, state, k_draft, gamma, sampling
+  )
 
   def speculative(_):
     logits, cache = target_forward(jnp.concatenate([last, draft], 1))  # [B, K+1, V]
-    return (*_verify(logits, draft, q, k_verify, method=method, sampling=sampling, width=width),
-            cache)
+    return (
+      *_verify(logits, draft, q, k_verify, method=method, sampling=sampling, width=width),
+      cache,
+    )
 
   if getattr(method.drafter, 'skip_when_empty', False):
     # Nothing proposed anywhere in the batch: a plain step costs less than verification.
@@ -215,8 +294,15 @@ def _iteration(params, state: DecodeState, gamma: int, width: int, key, *, cfg, 
   return (*out, draft_state)
 
 
-def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
-         sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
+def step(
+  params,
+  state: DecodeState,
+  *,
+  cfg: llama.LlamaConfig,
+  method: Method,
+  sampling: sampling_lib.SamplingConfig,
+  eos_id: int,
+) -> DecodeState:
   """One iteration for every row (done rows compute but do not change)."""
   skips = getattr(method.drafter, 'skip_when_empty', False)
   if method.gamma and skips and method.adaptive is None:
@@ -225,8 +311,17 @@ def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
   # Branching iterations leave the target cache read-only inside the branches and write
   # the new entries once after them: XLA would otherwise copy the whole cache.
   branching = method.adaptive is not None
-  run = functools.partial(_iteration, params, state, width=method.gamma, key=sub, cfg=cfg,
-                          method=method, sampling=sampling, pending=branching)
+  run = functools.partial(
+    _iteration,
+    params,
+    state,
+    width=method.gamma,
+    key=sub,
+    cfg=cfg,
+    method=method,
+    sampling=sampling,
+    pending=branching,
+  )
   if method.adaptive is None:
     new_tokens, accepted, drafted, cache, draft_state = run(method.gamma)
   else:
@@ -235,18 +330,28 @@ def step(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
     branches = [functools.partial(lambda g, _: run(g), g) for g in method.adaptive.choices]
     new_tokens, accepted, drafted, cache, draft_state = jax.lax.switch(ran, branches, None)
     active = ~state.done
-    control = adaptive_lib.update(method.adaptive, ctrl, ran, jnp.where(active, accepted, 0),
-                                  jnp.where(active, drafted, 0))
+    control = adaptive_lib.update(
+      method.adaptive, ctrl, ran, jnp.where(active, accepted, 0), jnp.where(active, drafted, 0)
+    )
     state = state.replace(extra={**state.extra, 'control': control})
   if branching:
     cache = llama.write_pending(state.cache, cache)
   state = state.replace(key=key)
-  return _finish(state, new_tokens, accepted, drafted, cache, draft_state, method=method,
-                 eos_id=eos_id)
+  return _finish(
+    state, new_tokens, accepted, drafted, cache, draft_state, method=method, eos_id=eos_id
+  )
 
 
-def decode(params, state: DecodeState, *, cfg: llama.LlamaConfig, method: Method,
-           sampling: sampling_lib.SamplingConfig, eos_id: int) -> DecodeState:
+def decode(
+  params,
+  state: DecodeState,
+  *,
+  cfg: llama.LlamaConfig,
+  method: Method,
+  sampling: sampling_lib.SamplingConfig,
+  eos_id: int,
+) -> DecodeState:
   """Runs `step` inside one lax.while_loop until every row is done."""
   return autoregressive.run_until_done(
-      state, lambda s: step(params, s, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id))
+    state, lambda s: step(params, s, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
+  )

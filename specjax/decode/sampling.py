@@ -45,7 +45,8 @@ def argmax(x: jax.Array) -> jax.Array:
   """
   top = jnp.max(x, axis=-1, keepdims=True)
   return jnp.min(jnp.where(x == top, jnp.arange(x.shape[-1]), x.shape[-1] - 1), axis=-1).astype(
-      jnp.int32)
+    jnp.int32
+  )
 
 
 def one_hot_argmax(x: jax.Array) -> jax.Array:

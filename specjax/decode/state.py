@@ -40,8 +40,9 @@ class DecodeState:
     return jnp.take_along_axis(self.tokens, idx[:, None], axis=1)[:, 0]
 
 
-def commit(state: DecodeState, new_tokens: jax.Array, counts: jax.Array,
-           eos_id: int) -> DecodeState:
+def commit(
+  state: DecodeState, new_tokens: jax.Array, counts: jax.Array, eos_id: int
+) -> DecodeState:
   """Appends new_tokens[b, :counts[b]] to each row, applying EOS and max_new.
 
   new_tokens is [B, K]; rows that are done take nothing. A row stops at (and keeps)

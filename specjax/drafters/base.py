@@ -37,13 +37,21 @@ class Drafter(abc.ABC):
     """Size of the vocabulary the proposals are drawn from."""
 
   @abc.abstractmethod
-  def init(self, params, prompt_tokens: jax.Array, prompt_lens: jax.Array, cache_size: int,
-           constrain=None) -> Any:
+  def init(
+    self, params, prompt_tokens: jax.Array, prompt_lens: jax.Array, cache_size: int, constrain=None
+  ) -> Any:
     """The draft state after the prompt."""
 
   @abc.abstractmethod
-  def propose(self, params, draft_state, state: DecodeState, key: jax.Array, gamma: int,
-              sampling: SamplingConfig) -> tuple[jax.Array, jax.Array, Any]:
+  def propose(
+    self,
+    params,
+    draft_state,
+    state: DecodeState,
+    key: jax.Array,
+    gamma: int,
+    sampling: SamplingConfig,
+  ) -> tuple[jax.Array, jax.Array, Any]:
     """gamma tokens per row, with the distributions they were drawn from."""
 
   @abc.abstractmethod

@@ -36,8 +36,15 @@ import jax.numpy as jnp
 from specjax.drafters.ngram import LookupDrafter, context, lookup
 
 
-def group_candidates(ctx: jax.Array, length: jax.Array, prompt_lens: jax.Array, group: int,
-                     k: int, max_mismatches: int, gamma: int):
+def group_candidates(
+  ctx: jax.Array,
+  length: jax.Array,
+  prompt_lens: jax.Array,
+  group: int,
+  k: int,
+  max_mismatches: int,
+  gamma: int,
+):
   """Per row, the best match of its last k tokens in each row of its group.
 
   Args:
@@ -61,10 +68,15 @@ def group_candidates(ctx: jax.Array, length: jax.Array, prompt_lens: jax.Array, 
   mismatches = jnp.zeros((b, group, s), jnp.int32)
   for i in range(k):  # others[..., j - i] against pattern[k - 1 - i] for every end j
     shifted = jnp.roll(others, i, axis=2)
-    mismatches += (shifted != pattern[:, None, k - 1 - i:k - i]).astype(jnp.int32)
+    mismatches += (shifted != pattern[:, None, k - 1 - i : k - i]).astype(jnp.int32)
   avail = jnp.minimum(other_len[..., None] - 1 - ends, gamma)  # [B, G, S] tokens after j
-  ok = ((mismatches <= max_mismatches) & (ends >= k - 1) & (avail >= 1)
-        & (ends + 1 >= other_prompt[..., None]) & (length[:, None, None] >= k))
+  ok = (
+    (mismatches <= max_mismatches)
+    & (ends >= k - 1)
+    & (avail >= 1)
+    & (ends + 1 >= other_prompt[..., None])
+    & (length[:, None, None] >= k)
+  )
   itself = (jnp.arange(b) % group)[:, None] == jnp.arange(group)[None]  # [B, G]
   ok &= ~itself[..., None]
   score = ((max_mismatches - mismatches) * (gamma + 1) + avail) * s + ends
@@ -74,8 +86,9 @@ def group_candidates(ctx: jax.Array, length: jax.Array, prompt_lens: jax.Array, 
   return jnp.where(found, best, -1), jnp.where(found, mism, 0)
 
 
-def heaviest_path(cand: jax.Array, valid: jax.Array, weight: jax.Array) -> tuple[jax.Array,
-                                                                                  jax.Array]:
+def heaviest_path(
+  cand: jax.Array, valid: jax.Array, weight: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """Greedy heaviest path through the trie of candidate continuations.
 
   Args:
@@ -106,8 +119,9 @@ def heaviest_path(cand: jax.Array, valid: jax.Array, weight: jax.Array) -> tuple
   return jnp.stack(tokens, 1).astype(jnp.int32), jnp.stack(supported, 1)
 
 
-def sampled_path(cand: jax.Array, valid: jax.Array, weight: jax.Array, key: jax.Array,
-                 vocab: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def sampled_path(
+  cand: jax.Array, valid: jax.Array, weight: jax.Array, key: jax.Array, vocab: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A path through the trie drawn edge by edge in proportion to the paths' support.
 
   At each depth the next token is drawn from the candidates that agree with the path so
@@ -132,8 +146,11 @@ def sampled_path(cand: jax.Array, valid: jax.Array, weight: jax.Array, key: jax.
     token = jnp.where(has, jnp.take_along_axis(cand[:, :, t], pick[:, None], 1)[:, 0], prev)
     token = jnp.maximum(token, 0).astype(jnp.int32)
     votes = jnp.zeros((b, vocab)).at[rows, jnp.maximum(cand[:, :, t], 0)].add(w)
-    q = jnp.where(has[:, None], votes / jnp.maximum(w.sum(1, keepdims=True), 1e-30),
-                  jax.nn.one_hot(token, vocab))
+    q = jnp.where(
+      has[:, None],
+      votes / jnp.maximum(w.sum(1, keepdims=True), 1e-30),
+      jax.nn.one_hot(token, vocab),
+    )
     alive = live & (cand[:, :, t] == token[:, None])
     tokens.append(token)
     dists.append(q)
@@ -169,23 +186,29 @@ class ConsensusDrafter(LookupDrafter):
     if self.group < 1:
       raise ValueError(f'consensus drafter needs a group size >= 1, got {self.group}')
     if self.k < 1 or not 0 <= self.max_mismatches < self.k:
-      raise ValueError(f'consensus drafter needs k >= 1 and 0 <= max_mismatches < k, got '
-                       f'k={self.k}, max_mismatches={self.max_mismatches}')
+      raise ValueError(
+        f'consensus drafter needs k >= 1 and 0 <= max_mismatches < k, got '
+        f'k={self.k}, max_mismatches={self.max_mismatches}'
+      )
     if self.n_max < 0:
       raise ValueError(f'consensus drafter needs n_max >= 0, got {self.n_max}')
     if self.proposal not in ('mode', 'sample'):
-      raise ValueError(f"consensus drafter proposal must be 'mode' or 'sample', got "
-                       f'{self.proposal!r}')
+      raise ValueError(
+        f"consensus drafter proposal must be 'mode' or 'sample', got {self.proposal!r}"
+      )
 
   @property
   def name(self) -> str:
-    return (f'consensus(N={self.group}, k={self.k}, m={self.max_mismatches}, n<={self.n_max}'
-            + (', sampled)' if self.proposal == 'sample' else ')'))
+    return f'consensus(N={self.group}, k={self.k}, m={self.max_mismatches}, n<={self.n_max}' + (
+      ', sampled)' if self.proposal == 'sample' else ')'
+    )
 
   def check_batch(self, batch: int) -> None:
     if batch % self.group:
-      raise ValueError(f'the consensus drafter groups {self.group} consecutive rows per prompt, '
-                       f'but the batch has {batch} rows (not a multiple of {self.group})')
+      raise ValueError(
+        f'the consensus drafter groups {self.group} consecutive rows per prompt, '
+        f'but the batch has {batch} rows (not a multiple of {self.group})'
+      )
 
   def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
     self.check_batch(prompt_tokens.shape[0])
@@ -198,8 +221,9 @@ class ConsensusDrafter(LookupDrafter):
     is the row's own-context lookup.
     """
     b, s = ctx.shape
-    end, mism = group_candidates(ctx, length, prompt_lens, self.group, self.k,
-                                 self.max_mismatches, gamma)
+    end, mism = group_candidates(
+      ctx, length, prompt_lens, self.group, self.k, self.max_mismatches, gamma
+    )
     others = jnp.repeat(ctx.reshape(b // self.group, self.group, s), self.group, axis=0)
     positions = end[..., None] + 1 + jnp.arange(gamma)  # [B, G, K]
     cand = jnp.take_along_axis(others, jnp.clip(positions, 0, s - 1), 2)
@@ -210,9 +234,11 @@ class ConsensusDrafter(LookupDrafter):
     own = jnp.take_along_axis(ctx, jnp.clip(own_pos, 0, s - 1), 1)
     own_valid = (own_end[:, None] >= 0) & (own_pos < length[:, None]) & (own >= 0)
     own_weight = jnp.where(own_end >= 0, self.self_weight, 0.0)
-    return (jnp.concatenate([cand, own[:, None]], 1),
-            jnp.concatenate([valid, own_valid[:, None]], 1),
-            jnp.concatenate([weight, own_weight[:, None]], 1))
+    return (
+      jnp.concatenate([cand, own[:, None]], 1),
+      jnp.concatenate([valid, own_valid[:, None]], 1),
+      jnp.concatenate([weight, own_weight[:, None]], 1),
+    )
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ctx, length = context(draft_state, state)
@@ -226,10 +252,16 @@ class ConsensusDrafter(LookupDrafter):
 
 def parse_spec(spec: str, vocab: int) -> ConsensusDrafter:
   """'consensus:8' or 'consensus:8,k=4,m=1,n=3,w=0.75' -> a ConsensusDrafter."""
-  fields = {'k': ('k', int), 'm': ('max_mismatches', int), 'n': ('n_max', int),
-            'w': ('self_weight', float), 'q': ('proposal', str)}
-  usage = (f'draft {spec!r}: expected consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>,'
-           f'q=mode|sample]')
+  fields = {
+    'k': ('k', int),
+    'm': ('max_mismatches', int),
+    'n': ('n_max', int),
+    'w': ('self_weight', float),
+    'q': ('proposal', str),
+  }
+  usage = (
+    f'draft {spec!r}: expected consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>,q=mode|sample]'
+  )
   head, *rest = spec.split(':', 1)[1].split(',')
   kwargs = {}
   try:

@@ -40,8 +40,13 @@ WEIGHTS_FILE = 'draft.safetensors'
 TRAINED = ('layers', 'final_norm', 'head')  # the parameter groups distillation updates
 
 
-def init_from_target(target_cfg: llama.LlamaConfig, target_params, layers: tuple[int, ...],
-                     vocab_ids: np.ndarray, ffn_dim: int | None = None):
+def init_from_target(
+  target_cfg: llama.LlamaConfig,
+  target_params,
+  layers: tuple[int, ...],
+  vocab_ids: np.ndarray,
+  ffn_dim: int | None = None,
+):
   """(cfg, params) of a draft initialised from the target.
 
   The draft's layers are copies of the target's `layers` (in order; the first `ffn_dim`
@@ -49,8 +54,13 @@ def init_from_target(target_cfg: llama.LlamaConfig, target_params, layers: tuple
   (tied) output rows of `vocab_ids`.
   """
   ffn = ffn_dim or target_cfg.ffn_dim
-  cfg = dataclasses.replace(target_cfg, n_layers=len(layers), ffn_dim=ffn, tie_embeddings=True,
-                            name=f'distilled[{len(layers)}L, {len(vocab_ids)} tokens]')
+  cfg = dataclasses.replace(
+    target_cfg,
+    n_layers=len(layers),
+    ffn_dim=ffn,
+    tie_embeddings=True,
+    name=f'distilled[{len(layers)}L, {len(vocab_ids)} tokens]',
+  )
   embed = np.asarray(target_params['embed'])
   new_layers = []
   for i in layers:
@@ -58,10 +68,13 @@ def init_from_target(target_cfg: llama.LlamaConfig, target_params, layers: tuple
     p['w_gate'], p['w_up'] = p['w_gate'][:, :ffn], p['w_up'][:, :ffn]
     p['w_down'] = p['w_down'][:ffn]
     new_layers.append(p)
-  params = {'embed': embed, 'layers': new_layers,
-            'final_norm': np.array(target_params['final_norm']),
-            'head': np.ascontiguousarray(embed[np.asarray(vocab_ids)].T),
-            'vocab_ids': np.asarray(vocab_ids, np.int32)}
+  params = {
+    'embed': embed,
+    'layers': new_layers,
+    'final_norm': np.array(target_params['final_norm']),
+    'head': np.ascontiguousarray(embed[np.asarray(vocab_ids)].T),
+    'vocab_ids': np.asarray(vocab_ids, np.int32),
+  }
   return cfg, params
 
 
@@ -71,8 +84,9 @@ def subset_logits(params, tokens: jax.Array, cache: KVCache, cfg: llama.LlamaCon
   return (x @ params['head']).astype(jnp.float32), cache
 
 
-def to_full_vocab(values: jax.Array, vocab_ids: jax.Array, vocab_size: int,
-                  fill: float = 0.0) -> jax.Array:
+def to_full_vocab(
+  values: jax.Array, vocab_ids: jax.Array, vocab_size: int, fill: float = 0.0
+) -> jax.Array:
   """[..., K] values over the draft vocabulary -> [..., V], `fill` outside it."""
   out = jnp.full(values.shape[:-1] + (vocab_size,), fill, values.dtype)
   return out.at[..., vocab_ids].set(values)
@@ -106,15 +120,23 @@ class DistilledDrafter(ModelDrafter):
     return jnp.stack(tokens, 1), jnp.stack(dists, 1), draft_state.replace(cache=cache)
 
 
-def save_draft(directory: str | os.PathLike, cfg: llama.LlamaConfig, params,
-               info: dict[str, Any] | None = None, dtype=np.float16) -> pathlib.Path:
+def save_draft(
+  directory: str | os.PathLike,
+  cfg: llama.LlamaConfig,
+  params,
+  info: dict[str, Any] | None = None,
+  dtype=np.float16,
+) -> pathlib.Path:
   """Writes draft.json and draft.safetensors (all but the shared embedding) to `directory`."""
   import safetensors.numpy
+
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  tensors = {'final_norm': np.asarray(params['final_norm'], dtype),
-             'head': np.asarray(params['head'], dtype),
-             'vocab_ids': np.asarray(params['vocab_ids'], np.int32)}
+  tensors = {
+    'final_norm': np.asarray(params['final_norm'], dtype),
+    'head': np.asarray(params['head'], dtype),
+    'vocab_ids': np.asarray(params['vocab_ids'], np.int32),
+  }
   for i, layer in enumerate(params['layers']):
     for name, w in layer.items():
       tensors[f'layers.{i}.{name}'] = np.ascontiguousarray(np.asarray(w, dtype))
@@ -133,29 +155,38 @@ def is_draft_dir(path: str | os.PathLike) -> bool:
 def load_draft_dir(directory: str | os.PathLike, target_embed, dtype=np.float32):
   """(cfg, params, info) of a saved draft, its input embedding set to `target_embed`."""
   import safetensors.numpy
+
   directory = pathlib.Path(directory)
   meta = json.loads((directory / CONFIG_FILE).read_text())
   cfg = llama.LlamaConfig(**meta['config'])
   tensors = safetensors.numpy.load_file(directory / WEIGHTS_FILE)
   if tuple(np.shape(target_embed)) != (cfg.vocab_size, cfg.d_model):
-    raise ValueError(f'draft {directory} needs a target embedding of shape '
-                     f'{(cfg.vocab_size, cfg.d_model)}, got {tuple(np.shape(target_embed))}')
+    raise ValueError(
+      f'draft {directory} needs a target embedding of shape '
+      f'{(cfg.vocab_size, cfg.d_model)}, got {tuple(np.shape(target_embed))}'
+    )
   layers = [{} for _ in range(cfg.n_layers)]
   for name, w in tensors.items():
     if name.startswith('layers.'):
       _, i, key = name.split('.')
       layers[int(i)][key] = w.astype(dtype)
-  params = {'embed': np.asarray(target_embed, dtype), 'layers': layers,
-            'final_norm': tensors['final_norm'].astype(dtype),
-            'head': tensors['head'].astype(dtype), 'vocab_ids': tensors['vocab_ids']}
+  params = {
+    'embed': np.asarray(target_embed, dtype),
+    'layers': layers,
+    'final_norm': tensors['final_norm'].astype(dtype),
+    'head': tensors['head'].astype(dtype),
+    'vocab_ids': tensors['vocab_ids'],
+  }
   shapes = cfg.param_shapes()
   for i, layer in enumerate(layers):
     for key, shape in shapes['layers'][i].items():
       if layer.get(key) is None or layer[key].shape != shape:
         raise ValueError(f'draft {directory}: layers.{i}.{key} missing or not of shape {shape}')
   if params['head'].shape != (cfg.d_model, len(params['vocab_ids'])):
-    raise ValueError(f'draft {directory}: head shape {params["head"].shape} does not match '
-                     f'{len(params["vocab_ids"])} vocabulary ids')
+    raise ValueError(
+      f'draft {directory}: head shape {params["head"].shape} does not match '
+      f'{len(params["vocab_ids"])} vocabulary ids'
+    )
   return cfg, params, meta.get('info', {})
 
 
@@ -169,17 +200,23 @@ def full_vocab_model(cfg: llama.LlamaConfig, params):
   head = np.zeros((cfg.d_model, cfg.vocab_size), np.float32)
   head[:, np.asarray(params['vocab_ids'])] = np.asarray(params['head'], np.float32)
   out_cfg = dataclasses.replace(cfg, tie_embeddings=False)
-  out = {'embed': np.asarray(params['embed'], np.float32),
-         'layers': [{k: np.asarray(v, np.float32) for k, v in layer.items()}
-                    for layer in params['layers']],
-         'final_norm': np.asarray(params['final_norm'], np.float32), 'lm_head': head}
+  out = {
+    'embed': np.asarray(params['embed'], np.float32),
+    'layers': [
+      {k: np.asarray(v, np.float32) for k, v in layer.items()} for layer in params['layers']
+    ],
+    'final_norm': np.asarray(params['final_norm'], np.float32),
+    'lm_head': head,
+  }
   return out_cfg, out
 
 
-def export_hf(directory: str | os.PathLike, cfg: llama.LlamaConfig, params,
-              tokenizer: Any = None) -> pathlib.Path:
+def export_hf(
+  directory: str | os.PathLike, cfg: llama.LlamaConfig, params, tokenizer: Any = None
+) -> pathlib.Path:
   """Writes the draft as a Hugging Face LlamaForCausalLM directory (see full_vocab_model),
   usable as transformers' `assistant_model` for the same target."""
   from specjax.checkpoints import hf
+
   out_cfg, out_params = full_vocab_model(cfg, params)
   return hf.export_hf(directory, out_cfg, out_params, tokenizer)

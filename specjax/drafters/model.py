@@ -59,10 +59,13 @@ class ModelDrafter(Drafter):
 
   def __post_init__(self):
     if self.layers is not None and (
-        not self.layers or any(not 0 <= i < self.cfg.n_layers for i in self.layers)
-        or list(self.layers) != sorted(set(self.layers))):
-      raise ValueError(f'draft layers must be increasing indices in [0, {self.cfg.n_layers}), '
-                       f'got {self.layers}')
+      not self.layers
+      or any(not 0 <= i < self.cfg.n_layers for i in self.layers)
+      or list(self.layers) != sorted(set(self.layers))
+    ):
+      raise ValueError(
+        f'draft layers must be increasing indices in [0, {self.cfg.n_layers}), got {self.layers}'
+      )
 
   @property
   def name(self) -> str:
@@ -94,10 +97,13 @@ class ModelDrafter(Drafter):
     start = jnp.maximum(draft_state.cache.lengths, pos - w)  # lag > W leaves a hole (lossless)
     absolute = start[:, None] + jnp.arange(w)
     emitted = jnp.take_along_axis(
-        state.tokens, jnp.clip(absolute - state.prompt_lens[:, None], 0,
-                               state.tokens.shape[1] - 1), axis=1)
-    chunk = jnp.where(absolute == state.prompt_lens[:, None] - 1,
-                      draft_state.last_prompt_token[:, None], emitted)
+      state.tokens,
+      jnp.clip(absolute - state.prompt_lens[:, None], 0, state.tokens.shape[1] - 1),
+      axis=1,
+    )
+    chunk = jnp.where(
+      absolute == state.prompt_lens[:, None] - 1, draft_state.last_prompt_token[:, None], emitted
+    )
     logits, cache = self._forward(params, chunk, draft_state.cache.with_lengths(start))
     logits = jnp.take_along_axis(logits, (pos - 1 - start)[:, None, None], axis=1)[:, 0]
     return logits, cache.with_lengths(pos)
@@ -108,9 +114,9 @@ class ModelDrafter(Drafter):
     Feeds the last two tokens (see the module docstring), or with `resync`, when a row
     lags behind after plain steps, the missing tokens too.
     """
+
     def in_step(_):
-      logits, cache = self._forward(params, last_two_tokens(draft_state, state),
-                                    draft_state.cache)
+      logits, cache = self._forward(params, last_two_tokens(draft_state, state), draft_state.cache)
       return logits[:, -1], cache
 
     if not self.resync:
@@ -119,8 +125,10 @@ class ModelDrafter(Drafter):
     windows = [16 << i for i in range(8) if 16 << i < self.resync] + [self.resync]
     lag = jnp.max(state.prompt_lens + state.num_generated - 2 - draft_state.cache.lengths)
     branch = jnp.where(lag > 0, 1 + jnp.sum(lag > jnp.asarray(windows[:-1])), 0)
-    catch_ups = [functools.partial(lambda w, _: self._catch_up(params, draft_state, state, w), w)
-                 for w in windows]
+    catch_ups = [
+      functools.partial(lambda w, _: self._catch_up(params, draft_state, state, w), w)
+      for w in windows
+    ]
     return jax.lax.switch(branch, [in_step, *catch_ups], None)
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
@@ -132,8 +140,7 @@ class ModelDrafter(Drafter):
       if i + 1 < gamma:
         logits, cache = self._forward(params, tokens[-1][:, None], cache)
         logits = logits[:, 0]
-    return (jnp.stack(tokens, 1), jnp.stack(dists, 1),
-            draft_state.replace(cache=cache))
+    return (jnp.stack(tokens, 1), jnp.stack(dists, 1), draft_state.replace(cache=cache))
 
   def rollback(self, draft_state, state):
     # After a proposal the cache is filled past this point; after a skipped one it may lag.

@@ -41,13 +41,12 @@ def match_lengths(ctx: jax.Array, length: jax.Array, n_max: int) -> jax.Array:
   (up to n_max) equal the tokens ending at j, counted back from the end; 0 elsewhere."""
   s = ctx.shape[1]
   ends = jnp.arange(s)
-  pattern = jnp.take_along_axis(ctx, jnp.maximum(length[:, None] - n_max + jnp.arange(n_max), 0),
-                                1)
-  run = (ends[None] < length[:, None] - 1)
+  pattern = jnp.take_along_axis(ctx, jnp.maximum(length[:, None] - n_max + jnp.arange(n_max), 0), 1)
+  run = ends[None] < length[:, None] - 1
   total = jnp.zeros(ctx.shape, jnp.int32)
   for k in range(n_max):  # ctx[j - k] == the k-th last token, for every end j
     shifted = jnp.roll(ctx, k, axis=1)
-    run &= (shifted == pattern[:, n_max - 1 - k:n_max - k]) & (ends[None] >= k)
+    run &= (shifted == pattern[:, n_max - 1 - k : n_max - k]) & (ends[None] >= k)
     run &= length[:, None] > k
     total += run
   return total
@@ -109,8 +108,9 @@ class NgramDrafter(LookupDrafter):
 
   def __post_init__(self):
     if not 1 <= self.n_min <= self.n_max:
-      raise ValueError(f'ngram drafter needs 1 <= n_min <= n_max, got n_min={self.n_min}, '
-                       f'n_max={self.n_max}')
+      raise ValueError(
+        f'ngram drafter needs 1 <= n_min <= n_max, got n_min={self.n_min}, n_max={self.n_max}'
+      )
 
   @property
   def name(self) -> str:

@@ -36,9 +36,11 @@ class KVCache:
     if size <= 0 or batch <= 0:
       raise ValueError(f'KVCache needs a positive batch and size, got batch={batch}, size={size}')
     shape = (batch, cfg.n_kv_heads, size, cfg.head_dim)
-    return cls(k=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
-               v=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
-               lengths=jnp.zeros((batch,), jnp.int32))
+    return cls(
+      k=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
+      v=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
+      lengths=jnp.zeros((batch,), jnp.int32),
+    )
 
   def with_lengths(self, lengths: jax.Array) -> KVCache:
     """The same buffers with new per-row lengths (rollback when lower)."""

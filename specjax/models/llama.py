@@ -54,24 +54,35 @@ class LlamaConfig:
   name: str = 'llama'
 
   def __post_init__(self):
-    for field in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim',
-                  'ffn_dim', 'max_seq_len'):
+    for field in (
+      'vocab_size',
+      'd_model',
+      'n_layers',
+      'n_heads',
+      'n_kv_heads',
+      'head_dim',
+      'ffn_dim',
+      'max_seq_len',
+    ):
       value = getattr(self, field)
       if not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f'LlamaConfig.{field} must be a positive integer, got {value!r}')
     if self.n_heads % self.n_kv_heads:
-      raise ValueError(f'LlamaConfig.n_heads ({self.n_heads}) must be a multiple of '
-                       f'n_kv_heads ({self.n_kv_heads})')
+      raise ValueError(
+        f'LlamaConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})'
+      )
     if self.head_dim % 2:
       raise ValueError(f'LlamaConfig.head_dim must be even for RoPE, got {self.head_dim}')
     if self.rope_base <= 0 or self.norm_eps <= 0:
-      raise ValueError(f'LlamaConfig.rope_base and norm_eps must be positive, got '
-                       f'{self.rope_base} and {self.norm_eps}')
+      raise ValueError(
+        f'LlamaConfig.rope_base and norm_eps must be positive, got '
+        f'{self.rope_base} and {self.norm_eps}'
+      )
 
   @property
   def num_params(self) -> int:
     d, f, h = self.d_model, self.ffn_dim, self.head_dim
-    per_layer = (2 * d + d * h * (self.n_heads * 2 + self.n_kv_heads * 2) + 3 * d * f)
+    per_layer = 2 * d + d * h * (self.n_heads * 2 + self.n_kv_heads * 2) + 3 * d * f
     head = 0 if self.tie_embeddings else d * self.vocab_size
     return self.vocab_size * d + self.n_layers * per_layer + d + head
 
@@ -79,10 +90,22 @@ class LlamaConfig:
     """Shapes of every parameter, in the layout described in the module docstring."""
     d, f = self.d_model, self.ffn_dim
     nh, gh = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-    layer = {'attn_norm': (d,), 'wq': (d, nh), 'wk': (d, gh), 'wv': (d, gh), 'wo': (nh, d),
-             'mlp_norm': (d,), 'w_gate': (d, f), 'w_up': (d, f), 'w_down': (f, d)}
-    shapes = {'embed': (self.vocab_size, d), 'layers': [dict(layer) for _ in range(self.n_layers)],
-              'final_norm': (d,)}
+    layer = {
+      'attn_norm': (d,),
+      'wq': (d, nh),
+      'wk': (d, gh),
+      'wv': (d, gh),
+      'wo': (nh, d),
+      'mlp_norm': (d,),
+      'w_gate': (d, f),
+      'w_up': (d, f),
+      'w_down': (f, d),
+    }
+    shapes = {
+      'embed': (self.vocab_size, d),
+      'layers': [dict(layer) for _ in range(self.n_layers)],
+      'final_norm': (d,),
+    }
     if not self.tie_embeddings:
       shapes['lm_head'] = (d, self.vocab_size)
     return shapes
@@ -93,9 +116,12 @@ def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: floa
   shapes = cfg.param_shapes()
   leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
   keys = jax.random.split(key, len(leaves))
-  out = [jnp.ones(s, dtype) if len(s) == 1 else
-         (scale * jax.random.normal(k, s, jnp.float32)).astype(dtype)
-         for k, s in zip(keys, leaves)]
+  out = [
+    jnp.ones(s, dtype)
+    if len(s) == 1
+    else (scale * jax.random.normal(k, s, jnp.float32)).astype(dtype)
+    for k, s in zip(keys, leaves)
+  ]
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -103,19 +129,24 @@ def check_params(cfg: LlamaConfig, params: Params, source: str = 'params') -> No
   """Raises ValueError naming the first tensor whose shape disagrees with `cfg`."""
   expected = cfg.param_shapes()
   if set(params) != set(expected):
-    raise ValueError(f'{source}: parameter groups {sorted(params)} do not match the '
-                     f'config, expected {sorted(expected)}')
+    raise ValueError(
+      f'{source}: parameter groups {sorted(params)} do not match the '
+      f'config, expected {sorted(expected)}'
+    )
   if len(params['layers']) != cfg.n_layers:
     raise ValueError(f'{source}: {len(params["layers"])} layers, config says {cfg.n_layers}')
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  want = dict(jax.tree_util.tree_flatten_with_path(
-      expected, is_leaf=lambda x: isinstance(x, tuple))[0])
+  want = dict(
+    jax.tree_util.tree_flatten_with_path(expected, is_leaf=lambda x: isinstance(x, tuple))[0]
+  )
   for path, leaf in flat:
     if path not in want:
       raise ValueError(f'{source}: unexpected parameter {jax.tree_util.keystr(path)}')
     if tuple(leaf.shape) != tuple(want[path]):
-      raise ValueError(f'{source}: parameter {jax.tree_util.keystr(path)} has shape '
-                       f'{tuple(leaf.shape)}, expected {tuple(want[path])}')
+      raise ValueError(
+        f'{source}: parameter {jax.tree_util.keystr(path)} has shape '
+        f'{tuple(leaf.shape)}, expected {tuple(want[path])}'
+      )
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -163,14 +194,21 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
   """
   b, t, n, h = q.shape
   g = k.shape[1]
-  scores = _cache_scores(q.reshape(b, t, g, n // g, h), k) * (h ** -0.5)
+  scores = _cache_scores(q.reshape(b, t, g, n // g, h), k) * (h**-0.5)
   scores = jnp.where(mask[:, None, None], scores, -1e30)
   probs = jax.nn.softmax(scores, axis=-1)
   return _cache_values(probs, v).reshape(b, t, n, h)
 
 
-def attention_split(q: jax.Array, k_old: jax.Array, v_old: jax.Array, mask_old: jax.Array,
-                    k_new: jax.Array, v_new: jax.Array, mask_new: jax.Array) -> jax.Array:
+def attention_split(
+  q: jax.Array,
+  k_old: jax.Array,
+  v_old: jax.Array,
+  mask_old: jax.Array,
+  k_new: jax.Array,
+  v_new: jax.Array,
+  mask_new: jax.Array,
+) -> jax.Array:
   """attention() over [old slots, new entries] without concatenating them (no cache copy).
 
   q[B, T, N, H]; k_old, v_old[B, G, S, H] (the cache) with mask_old[B, T, S]; k_new,
@@ -179,7 +217,7 @@ def attention_split(q: jax.Array, k_old: jax.Array, v_old: jax.Array, mask_old: 
   b, t, n, h = q.shape
   g = k_old.shape[1]
   q = q.reshape(b, t, g, n // g, h)
-  scale = h ** -0.5
+  scale = h**-0.5
   s_old = _cache_scores(q, k_old) * scale
   s_new = jnp.einsum('BTGRH,BSGH->BGRTS', q, k_new).astype(jnp.float32) * scale
   s_old = jnp.where(mask_old[:, None, None], s_old, -1e30)
@@ -187,8 +225,9 @@ def attention_split(q: jax.Array, k_old: jax.Array, v_old: jax.Array, mask_old: 
   top = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
   p_old, p_new = jnp.exp(s_old - top), jnp.exp(s_new - top)
   total = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
-  out = (_cache_values(p_old / total, v_old)
-         + jnp.einsum('BGRTS,BSGH->BTGRH', (p_new / total).astype(v_new.dtype), v_new))
+  out = _cache_values(p_old / total, v_old) + jnp.einsum(
+    'BGRTS,BSGH->BTGRH', (p_new / total).astype(v_new.dtype), v_new
+  )
   return out.reshape(b, t, n, h)
 
 
@@ -204,19 +243,26 @@ def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array
   heads = (jnp.arange(b)[:, None] * g + jnp.arange(g)[None])[:, :, None]  # [B, G, 1]
   slots = jnp.broadcast_to(positions[:, None, :], (b, g, positions.shape[1]))  # [B, G, T]
   flat = flat.at[jnp.broadcast_to(heads, slots.shape), slots].set(
-      new.transpose(0, 2, 1, 3).astype(buffer.dtype), mode='drop')
+    new.transpose(0, 2, 1, 3).astype(buffer.dtype), mode='drop'
+  )
   return flat.reshape(b, g, s, h)
 
 
-def _decoder(params: Params, tokens: jax.Array, positions: jax.Array, cfg: LlamaConfig,
-             layers: tuple[int, ...] | None, attend) -> jax.Array:
+def _decoder(
+  params: Params,
+  tokens: jax.Array,
+  positions: jax.Array,
+  cfg: LlamaConfig,
+  layers: tuple[int, ...] | None,
+  attend,
+) -> jax.Array:
   """The decoder stack with attention left to `attend(i, q, k, v) -> [B, T, N, H]` (layer i's
   queries and new keys/values, RoPE applied); returns final-normed hidden states [B, T, D]."""
   b, t = tokens.shape
   n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   cos, sin = rope_tables(positions, h, cfg.rope_base)
   x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
-  for i in (range(cfg.n_layers) if layers is None else layers):
+  for i in range(cfg.n_layers) if layers is None else layers:
     p = params['layers'][i]
     y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
     q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
@@ -228,8 +274,13 @@ def _decoder(params: Params, tokens: jax.Array, positions: jax.Array, cfg: Llama
   return rms_norm(x, params['final_norm'], cfg.norm_eps)
 
 
-def forward_hidden(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
-                   layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+def forward_hidden(
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: LlamaConfig,
+  layers: tuple[int, ...] | None = None,
+) -> tuple[jax.Array, KVCache]:
   """Runs the decoder stack; returns final-normed hidden states [B, T, D] and the cache.
 
   `layers` (static) selects a subset of layers to run, in order, for self-speculative
@@ -249,8 +300,13 @@ def forward_hidden(params: Params, tokens: jax.Array, cache: KVCache, cfg: Llama
   return x, KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
 
 
-def forward_hidden_pending(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
-                           layers: tuple[int, ...] | None = None):
+def forward_hidden_pending(
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: LlamaConfig,
+  layers: tuple[int, ...] | None = None,
+):
   """forward_hidden that leaves the cache untouched and returns the new keys and values.
 
   Returns (hidden [B, T, D], (k, v)): per layer [B, T, G, H] entries for slots
@@ -270,8 +326,15 @@ def forward_hidden_pending(params: Params, tokens: jax.Array, cache: KVCache, cf
 
   def attend(i, q, k, v):
     new_k[i], new_v[i] = k, v
-    return attention_split(q, cache.k[i], cache.v[i], old_mask, k.astype(cache.k[i].dtype),
-                           v.astype(cache.v[i].dtype), new_mask)
+    return attention_split(
+      q,
+      cache.k[i],
+      cache.v[i],
+      old_mask,
+      k.astype(cache.k[i].dtype),
+      v.astype(cache.v[i].dtype),
+      new_mask,
+    )
 
   x = _decoder(params, tokens, positions, cfg, layers, attend)
   return x, (new_k, new_v)
@@ -299,8 +362,13 @@ def logits_from_hidden(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Ar
   return logits.astype(jnp.float32)
 
 
-def forward(params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig,
-            layers: tuple[int, ...] | None = None) -> tuple[jax.Array, KVCache]:
+def forward(
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: LlamaConfig,
+  layers: tuple[int, ...] | None = None,
+) -> tuple[jax.Array, KVCache]:
   """The model contract: tokens[B, T] -> (float32 logits[B, T, V], cache advanced by T)."""
   x, cache = forward_hidden(params, tokens, cache, cfg, layers)
   return logits_from_hidden(params, x, cfg), cache

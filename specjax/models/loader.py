@@ -49,15 +49,19 @@ def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
     path = assets.fetch(spec)
   elif os.path.isdir(spec):
     from specjax.checkpoints import hf
+
     cfg, params = hf.load_hf(spec)
     tok = Tokenizer.from_file(os.path.join(spec, 'tokenizer.json'))
     return LoadedModel(cfg, _cast(params, target_dtype), tok, spec)
   elif spec.endswith('.gguf'):
     path = spec
   else:
-    raise ValueError(f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to '
-                     f'a .gguf file, a Hugging Face style directory, or "tiny"')
+    raise ValueError(
+      f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to '
+      f'a .gguf file, a Hugging Face style directory, or "tiny"'
+    )
   from specjax.checkpoints import gguf
+
   cfg, params = gguf.load_gguf(path)
   return LoadedModel(cfg, _cast(params, target_dtype), Tokenizer.from_gguf(path), str(path))
 
@@ -81,6 +85,7 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
   """
   from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
   from specjax.drafters.model import parse_layers
+
   if spec == 'distilled' or spec.startswith('distilled:') or _is_distilled_dir(spec):
     return _load_distilled(spec, target)
   if spec.startswith('layers:'):
@@ -89,6 +94,7 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
     return ModelDrafter(target.cfg, label=label, layers=layers), target.params, label
   if spec.startswith('consensus:'):
     from specjax.drafters.consensus import parse_spec
+
     drafter = parse_spec(spec, target.cfg.vocab_size)
     return drafter, None, f'consensus drafts {drafter.name}'
   if spec == 'ngram' or spec.startswith('ngram:'):
@@ -96,8 +102,9 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
       lo, _, hi = spec.split(':', 1)[1].rpartition('-') if ':' in spec else ('', '', '3')
       n_min, n_max = int(lo or 1), int(hi)
     except ValueError:
-      raise ValueError(f'draft {spec!r}: expected ngram:<longest n-gram> or '
-                       f'ngram:<shortest>-<longest>') from None
+      raise ValueError(
+        f'draft {spec!r}: expected ngram:<longest n-gram> or ngram:<shortest>-<longest>'
+      ) from None
     drafter = NgramDrafter(target.cfg.vocab_size, n_max=n_max, n_min=n_min)
     return drafter, None, f'prompt lookup {drafter.name}'
   if spec.startswith('truncated:'):
@@ -110,17 +117,22 @@ def load_draft(spec: str, target: LoadedModel, dtype: str = 'float32'):
     return ModelDrafter(cfg, label=label), params, label
   draft = load_model(spec, dtype)
   if draft.cfg.vocab_size != target.cfg.vocab_size:
-    raise ValueError(f'draft {spec!r} has a vocabulary of {draft.cfg.vocab_size} tokens but the '
-                     f'target {target.source!r} has {target.cfg.vocab_size}: they must share one')
+    raise ValueError(
+      f'draft {spec!r} has a vocabulary of {draft.cfg.vocab_size} tokens but the '
+      f'target {target.source!r} has {target.cfg.vocab_size}: they must share one'
+    )
   probe = 'Hello, world! def f(x): return x ** 2  # 12345'
   if draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
-    raise ValueError(f'draft {spec!r} tokenizes text differently from the target '
-                     f'{target.source!r}: they must share one tokenizer')
+    raise ValueError(
+      f'draft {spec!r} tokenizes text differently from the target '
+      f'{target.source!r}: they must share one tokenizer'
+    )
   return ModelDrafter(draft.cfg, label=f'draft {spec}'), draft.params, f'draft model {spec}'
 
 
-DISTILLED_DRAFT = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'drafts',
-                               'smollm2-135m-instruct')
+DISTILLED_DRAFT = os.path.join(
+  os.path.dirname(os.path.dirname(__file__)), 'drafts', 'smollm2-135m-instruct'
+)
 
 
 def _is_distilled_dir(spec: str) -> bool:
@@ -130,11 +142,14 @@ def _is_distilled_dir(spec: str) -> bool:
 def _load_distilled(spec: str, target: LoadedModel):
   """A reduced-vocabulary distilled draft, sharing the target's input embeddings."""
   from specjax.drafters.distilled import DistilledDrafter, load_draft_dir
+
   path = DISTILLED_DRAFT if spec == 'distilled' else spec.removeprefix('distilled:')
   if not _is_distilled_dir(path):
-    raise ValueError(f'draft {spec!r}: no distilled draft at {path} (train one with '
-                     f'python -m specjax.train_draft)')
-  cfg, params, _ = load_draft_dir(path, target.params['embed'],
-                                  np.asarray(target.params['embed']).dtype)
+    raise ValueError(
+      f'draft {spec!r}: no distilled draft at {path} (train one with python -m specjax.train_draft)'
+    )
+  cfg, params, _ = load_draft_dir(
+    path, target.params['embed'], np.asarray(target.params['embed']).dtype
+  )
   label = f'distilled draft ({cfg.n_layers} layers, {len(params["vocab_ids"])}-token head)'
   return DistilledDrafter(cfg, label=label), params, label

@@ -22,13 +22,13 @@ from specjax.models.kv_cache import KVCache
 AXES = ('data', 'model')
 
 DEFAULT_RULES: tuple[tuple[str, P], ...] = (
-    (r'^embed$', P('model', None)),
-    (r'^lm_head$', P(None, 'model')),
-    (r'^layers/\d+/w[qkv]$', P(None, 'model')),
-    (r'^layers/\d+/wo$', P('model', None)),
-    (r'^layers/\d+/w_(gate|up)$', P(None, 'model')),
-    (r'^layers/\d+/w_down$', P('model', None)),
-    (r'norm$', P()),
+  (r'^embed$', P('model', None)),
+  (r'^lm_head$', P(None, 'model')),
+  (r'^layers/\d+/w[qkv]$', P(None, 'model')),
+  (r'^layers/\d+/wo$', P('model', None)),
+  (r'^layers/\d+/w_(gate|up)$', P(None, 'model')),
+  (r'^layers/\d+/w_down$', P('model', None)),
+  (r'norm$', P()),
 )
 
 
@@ -38,9 +38,11 @@ def make_mesh(data: int = 1, model: int = 1, devices: Sequence[jax.Device] | Non
   if data < 1 or model < 1:
     raise ValueError(f'mesh axes must be >= 1, got data={data}, model={model}')
   if data * model > len(devices):
-    raise ValueError(f'mesh data={data} x model={model} needs {data * model} devices, '
-                     f'only {len(devices)} available ({devices[0].platform})')
-  return Mesh(np.array(devices[:data * model]).reshape(data, model), AXES)
+    raise ValueError(
+      f'mesh data={data} x model={model} needs {data * model} devices, '
+      f'only {len(devices)} available ({devices[0].platform})'
+    )
+  return Mesh(np.array(devices[: data * model]).reshape(data, model), AXES)
 
 
 def path_str(path) -> str:
@@ -65,12 +67,14 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
 
 def param_specs(params, mesh: Mesh, rules=DEFAULT_RULES):
   """A PartitionSpec for every parameter: the first matching rule, fitted to the shape."""
+
   def spec_for(path, leaf):
     name = path_str(path)
     for pattern, spec in rules:
       if re.search(pattern, name):
         return fit_spec(spec, leaf.shape, mesh)
     return P()
+
   return jax.tree_util.tree_map_with_path(spec_for, params)
 
 
@@ -88,7 +92,9 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
 
 def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
   """Pins cache buffers [B, G, S, H]: batch over 'data', kv heads over 'model'."""
+
   def pin(x):
     spec = fit_spec(P('data', 'model', None, None), x.shape, mesh)  # [B, G, S, H]
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
   return cache.replace(k=[pin(x) for x in cache.k], v=[pin(x) for x in cache.v])

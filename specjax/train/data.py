@@ -77,14 +77,25 @@ class Dataset:
 def stdlib_files() -> list[pathlib.Path]:
   """The interpreter's pure-Python standard library, tests and bundled apps left out, sorted."""
   root = pathlib.Path(sysconfig.get_paths()['stdlib'])
-  skip = {'test', 'tests', 'idlelib', 'lib2to3', 'site-packages', 'turtledemo', 'pydoc_data',
-          'ensurepip', 'tkinter', 'unittest'}
+  skip = {
+    'test',
+    'tests',
+    'idlelib',
+    'lib2to3',
+    'site-packages',
+    'turtledemo',
+    'pydoc_data',
+    'ensurepip',
+    'tkinter',
+    'unittest',
+  }
   return sorted(f for f in root.rglob('*.py') if not skip & set(f.relative_to(root).parts))
 
 
 def doc_text() -> str:
   """The interpreter's documentation topics (pydoc_data.topics), a few hundred kB of English."""
   from pydoc_data import topics
+
   return '\n\n'.join(topics.topics[k] for k in sorted(topics.topics))
 
 
@@ -92,7 +103,7 @@ def chunks(ids: list[int], seq_len: int, count: int, rng: np.random.Generator) -
   """`count` random non-overlapping windows of seq_len tokens from a long id list."""
   starts = np.arange(0, len(ids) - seq_len, seq_len)
   picked = rng.choice(starts, size=min(count, len(starts)), replace=False)
-  return [ids[s:s + seq_len] for s in sorted(picked)]
+  return [ids[s : s + seq_len] for s in sorted(picked)]
 
 
 def _cache_key(target, config) -> str:
@@ -107,10 +118,12 @@ def data_dir(target, config) -> pathlib.Path:
   return path
 
 
-def generate_responses(target, prompts: list[str], max_new: int, batch_size: int,
-                       progress=None) -> list[tuple[list[int], list[int]]]:
+def generate_responses(
+  target, prompts: list[str], max_new: int, batch_size: int, progress=None
+) -> list[tuple[list[int], list[int]]]:
   """(prompt ids, greedy answer ids) per prompt, from the target itself."""
   from specjax.decode.engine import Engine
+
   encoded = [target.tokenizer.encode_chat(p) for p in prompts]
   longest = max(len(e) for e in encoded) + max_new
   cache = 1 << (longest - 1).bit_length()
@@ -118,7 +131,7 @@ def generate_responses(target, prompts: list[str], max_new: int, batch_size: int
   order = np.argsort([len(e) for e in encoded], kind='stable')  # similar lengths batch together
   out = [None] * len(prompts)
   for start in range(0, len(order), batch_size):
-    rows = order[start:start + batch_size]
+    rows = order[start : start + batch_size]
     gen = engine.generate([encoded[i] for i in rows], max_new_tokens=max_new)
     for i, toks in zip(rows, gen.tokens):
       out[i] = (encoded[i], list(toks))
@@ -133,10 +146,10 @@ def pack(prompt_ids: list[int], answer_ids: list[int] | None, seq_len: int, pad_
   ids = list(prompt_ids) + list(answer_ids or [])
   ids = ids[:seq_len]
   tokens = np.full(seq_len, pad_id, np.int32)
-  tokens[:len(ids)] = ids
+  tokens[: len(ids)] = ids
   mask = np.zeros(seq_len, bool)
   first = len(prompt_ids) - 1 if answer_ids is not None else 0
-  mask[first:len(ids) - 1] = True
+  mask[first : len(ids) - 1] = True
   return tokens, mask
 
 
@@ -155,13 +168,13 @@ def teacher_topk(target, tokens: np.ndarray, k: int, batch_size: int, progress=N
   ids, probs = [], []
   n = len(tokens)
   for start in range(0, n, batch_size):
-    batch = tokens[start:start + batch_size]
+    batch = tokens[start : start + batch_size]
     pad = batch_size - len(batch)
     if pad:
       batch = np.concatenate([batch, np.zeros((pad,) + batch.shape[1:], batch.dtype)])
     i, p = label(params, jnp.asarray(batch))
-    ids.append(np.asarray(i)[:batch_size - pad])
-    probs.append(np.asarray(p)[:batch_size - pad])
+    ids.append(np.asarray(i)[: batch_size - pad])
+    probs.append(np.asarray(p)[: batch_size - pad])
     if progress:
       progress(min(start + batch_size, n), n)
   return np.concatenate(ids), np.concatenate(probs)
@@ -180,15 +193,20 @@ def build(target, config, progress=print) -> tuple[Dataset, Dataset]:
 
   responses_path = folder / 'responses.json'
   limit = seq_len - config.max_new_tokens
-  prompts = [p for p in prompts_lib.instruction_prompts(config.seed)
-             if len(tok.encode_chat(p)) <= limit][:config.num_prompts]
+  prompts = [
+    p for p in prompts_lib.instruction_prompts(config.seed) if len(tok.encode_chat(p)) <= limit
+  ][: config.num_prompts]
   if responses_path.exists():
     responses = json.loads(responses_path.read_text())
   else:
     start = time.time()
     responses = generate_responses(
-        target, prompts, config.max_new_tokens, config.generate_batch,
-        progress=lambda i, n: progress(f'responses {i}/{n} ({time.time() - start:.0f} s)'))
+      target,
+      prompts,
+      config.max_new_tokens,
+      config.generate_batch,
+      progress=lambda i, n: progress(f'responses {i}/{n} ({time.time() - start:.0f} s)'),
+    )
     responses_path.write_text(json.dumps(responses))
   for i, (p, a) in enumerate(responses):
     sequences.append((*pack(p, a, seq_len), 0, i >= len(responses) - config.eval_prompts))
@@ -196,23 +214,32 @@ def build(target, config, progress=print) -> tuple[Dataset, Dataset]:
   files = stdlib_files()
   rng.shuffle(files)
   code_ids = []
-  for f in files[:config.code_files]:
-    code_ids += tok.encode(f.read_text(errors='replace')[:config.max_file_chars]) + [tok.eos_id]
+  for f in files[: config.code_files]:
+    code_ids += tok.encode(f.read_text(errors='replace')[: config.max_file_chars]) + [tok.eos_id]
   n_eval_code = config.eval_chunks
   for j, c in enumerate(chunks(code_ids, seq_len, config.code_chunks + n_eval_code, rng)):
     sequences.append((*pack(c, None, seq_len), 1, j < n_eval_code))
   if config.doc_chunks:
-    doc_ids = tok.encode(doc_text()[:config.max_doc_chars])
+    doc_ids = tok.encode(doc_text()[: config.max_doc_chars])
     for j, c in enumerate(chunks(doc_ids, seq_len, config.doc_chunks + n_eval_code, rng)):
       sequences.append((*pack(c, None, seq_len), 2, j < n_eval_code))
 
   tokens = np.stack([s[0] for s in sequences])
   start = time.time()
   ids, probs = teacher_topk(
-      target, tokens, config.top_k, config.label_batch,
-      progress=lambda i, n: progress(f'teacher labels {i}/{n} ({time.time() - start:.0f} s)'))
-  full = Dataset(tokens, np.stack([s[1] for s in sequences]), ids, probs,
-                 np.array([s[2] for s in sequences], np.int32))
+    target,
+    tokens,
+    config.top_k,
+    config.label_batch,
+    progress=lambda i, n: progress(f'teacher labels {i}/{n} ({time.time() - start:.0f} s)'),
+  )
+  full = Dataset(
+    tokens,
+    np.stack([s[1] for s in sequences]),
+    ids,
+    probs,
+    np.array([s[2] for s in sequences], np.int32),
+  )
   is_eval = np.array([s[3] for s in sequences])
   train, evals = full.take(~is_eval), full.take(is_eval)
   train.save(train_path)
@@ -227,8 +254,9 @@ def token_frequencies(data: Dataset, vocab_size: int) -> np.ndarray:
   return np.bincount(ids.ravel(), probs.ravel(), minlength=vocab_size)
 
 
-def draft_vocabulary(data: Dataset, vocab_size: int, size: int,
-                     always: tuple[int, ...] = ()) -> np.ndarray:
+def draft_vocabulary(
+  data: Dataset, vocab_size: int, size: int, always: tuple[int, ...] = ()
+) -> np.ndarray:
   """The `size` tokens with the most teacher mass (plus `always`, e.g. EOS), sorted by id."""
   if size >= vocab_size:
     return np.arange(vocab_size, dtype=np.int32)
@@ -243,8 +271,10 @@ def coverage(data: Dataset, vocab_ids: np.ndarray) -> dict[str, float]:
   inside[vocab_ids] = True
   top1 = data.topk_ids[..., 0][data.mask]
   ids, probs = data.topk_ids[data.mask], data.topk_probs[data.mask].astype(np.float64)
-  return {'argmax': float(inside[top1].mean()),
-          'mass': float((probs * inside[ids]).sum() / probs.sum())}
+  return {
+    'argmax': float(inside[top1].mean()),
+    'mass': float((probs * inside[ids]).sum() / probs.sum()),
+  }
 
 
 def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> np.ndarray:
@@ -252,4 +282,4 @@ def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> n
   per_epoch = max(num_examples // batch_size, 1)
   epoch, i = divmod(step, per_epoch)
   perm = np.random.default_rng([seed, epoch]).permutation(num_examples)
-  return perm[i * batch_size:(i + 1) * batch_size]
+  return perm[i * batch_size : (i + 1) * batch_size]

@@ -34,8 +34,9 @@ def forward_kl(p: jax.Array, logits: jax.Array) -> jax.Array:
   return _xlogy_ratio(p, log_p, log_q)
 
 
-def reverse_kl(p: jax.Array, logits: jax.Array,
-               smoothing: float = REVERSE_KL_SMOOTHING) -> jax.Array:
+def reverse_kl(
+  p: jax.Array, logits: jax.Array, smoothing: float = REVERSE_KL_SMOOTHING
+) -> jax.Array:
   log_q = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   p = (1 - smoothing) * p + smoothing / p.shape[-1]
   return jnp.sum(jnp.exp(log_q) * (log_q - jnp.log(p)), axis=-1)

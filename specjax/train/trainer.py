@@ -45,10 +45,16 @@ def make_optimizer(config) -> optax.GradientTransformation:
   """Gradient clipping, then AdamW with linear warm-up and cosine decay."""
   o = config.optim
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
-      decay_steps=max(config.num_steps, o.warmup_steps + 1), end_value=o.lr * o.end_lr_fraction)
-  return optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                     optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
+    init_value=0.0,
+    peak_value=o.lr,
+    warmup_steps=o.warmup_steps,
+    decay_steps=max(config.num_steps, o.warmup_steps + 1),
+    end_value=o.lr * o.end_lr_fraction,
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(o.clip_norm),
+    optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay),
+  )
 
 
 def teacher_dense(topk_ids, topk_probs, full_to_sub, size: int) -> jax.Array:
@@ -58,8 +64,11 @@ def teacher_dense(topk_ids, topk_probs, full_to_sub, size: int) -> jax.Array:
   sub = full_to_sub[topk_ids]  # [B, T, k]; `size` where outside the draft vocabulary
   rows = jnp.arange(b)[:, None, None]
   cols = jnp.arange(t)[None, :, None]
-  p = jnp.zeros((b, t, size), jnp.float32).at[rows, cols, sub].add(
-      topk_probs.astype(jnp.float32), mode='drop')
+  p = (
+    jnp.zeros((b, t, size), jnp.float32)
+    .at[rows, cols, sub]
+    .add(topk_probs.astype(jnp.float32), mode='drop')
+  )
   return p / jnp.maximum(p.sum(-1, keepdims=True), 1e-6)
 
 
@@ -86,8 +95,9 @@ def loss_fn(params, frozen, batch, key, cfg, divergence: str, position_keep: flo
 def make_train_step(cfg, optimizer, divergence: str, position_keep: float = 1.0):
   """A jitted (state, frozen, batch, key) -> (state, metrics)."""
   grad_fn = jax.value_and_grad(
-      functools.partial(loss_fn, cfg=cfg, divergence=divergence, position_keep=position_keep),
-      has_aux=True)
+    functools.partial(loss_fn, cfg=cfg, divergence=divergence, position_keep=position_keep),
+    has_aux=True,
+  )
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state, frozen, batch, key):
@@ -107,6 +117,7 @@ def make_eval_step(cfg):
   min(p, q), the probability that rejection sampling accepts the draft's token (p known
   on the teacher's top-k only, so this is a slight underestimate).
   """
+
   @jax.jit
   def step(params, frozen, batch):
     logits = draft_logits(params, frozen, batch['tokens'], cfg)
@@ -144,8 +155,12 @@ def evaluate(eval_step, params, frozen, dataset: data_lib.Dataset, batch_size: i
 
 
 def as_batch(ds: data_lib.Dataset) -> dict:
-  return {'tokens': ds.tokens, 'mask': ds.mask, 'topk_ids': ds.topk_ids,
-          'topk_probs': ds.topk_probs}
+  return {
+    'tokens': ds.tokens,
+    'mask': ds.mask,
+    'topk_ids': ds.topk_ids,
+    'topk_probs': ds.topk_probs,
+  }
 
 
 class MetricsLog:
@@ -168,8 +183,10 @@ class MetricsLog:
 
   def plot(self, workdir: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+
     train = [r for r in self.records if r['kind'] == 'train']
     evals = [r for r in self.records if r['kind'] == 'eval']
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -217,20 +234,25 @@ class Setup:
 
 def setup(config, progress=print) -> Setup:
   from specjax.models.loader import load_model
+
   target = load_model(config.target)
   train_data, eval_data = data_lib.build(target, config.data, progress=progress)
   v = target.cfg.vocab_size
-  vocab_ids = data_lib.draft_vocabulary(train_data, v, config.draft.vocab_size,
-                                        always=(target.tokenizer.eos_id,))
+  vocab_ids = data_lib.draft_vocabulary(
+    train_data, v, config.draft.vocab_size, always=(target.tokenizer.eos_id,)
+  )
   cov = data_lib.coverage(eval_data, vocab_ids)
   layers = tuple(int(i) % target.cfg.n_layers for i in config.draft.init_layers)
-  cfg, params = distilled.init_from_target(target.cfg, target.params, layers, vocab_ids,
-                                           config.draft.ffn_dim or None)
+  cfg, params = distilled.init_from_target(
+    target.cfg, target.params, layers, vocab_ids, config.draft.ffn_dim or None
+  )
   full_to_sub = np.full(v, len(vocab_ids), np.int32)
   full_to_sub[vocab_ids] = np.arange(len(vocab_ids), dtype=np.int32)
-  frozen = {'embed': jnp.asarray(params.pop('embed')),
-            'vocab_ids': jnp.asarray(params.pop('vocab_ids')),
-            'full_to_sub': jnp.asarray(full_to_sub)}
+  frozen = {
+    'embed': jnp.asarray(params.pop('embed')),
+    'vocab_ids': jnp.asarray(params.pop('vocab_ids')),
+    'full_to_sub': jnp.asarray(full_to_sub),
+  }
   params = jax.tree.map(jnp.asarray, params)
   return Setup(target, train_data, eval_data, cfg, params, frozen, cov)
 
@@ -240,15 +262,23 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   s = setup(config)
-  print(f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} tokens), '
-        f'{len(s.eval_data)} eval; draft vocabulary {config.draft.vocab_size} covers '
-        f'{s.vocab_coverage["argmax"]:.3f} of the target\'s argmax tokens on eval data', flush=True)
+  print(
+    f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} tokens), '
+    f'{len(s.eval_data)} eval; draft vocabulary {config.draft.vocab_size} covers '
+    f"{s.vocab_coverage['argmax']:.3f} of the target's argmax tokens on eval data",
+    flush=True,
+  )
   optimizer = make_optimizer(config)
-  state = {'step': jnp.zeros((), jnp.int32), 'params': s.init_params,
-           'opt_state': optimizer.init(s.init_params)}
+  state = {
+    'step': jnp.zeros((), jnp.int32),
+    'params': s.init_params,
+    'opt_state': optimizer.init(s.init_params),
+  }
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=config.keep_checkpoints, save_interval_steps=config.checkpoint_every,
-      enable_async_checkpointing=False)
+    max_to_keep=config.keep_checkpoints,
+    save_interval_steps=config.checkpoint_every,
+    enable_async_checkpointing=False,
+  )
   manager = ocp.CheckpointManager(workdir / 'checkpoints', options=options)
   start = manager.latest_step()
   if start is not None:
@@ -261,11 +291,17 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
   eval_step = make_eval_step(s.cfg)
   key = jax.random.key(config.seed)
   if start == 0 and config.eval_every:
-    metrics_log.write({'kind': 'eval', 'step': 0, **evaluate(
-        eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch)})
+    metrics_log.write(
+      {
+        'kind': 'eval',
+        'step': 0,
+        **evaluate(eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch),
+      }
+    )
   old_handler = signal.signal(signal.SIGTERM, _raise_stop)
-  bar = tqdm.tqdm(total=config.num_steps, initial=start, disable=not progress_bar,
-                  dynamic_ncols=True)
+  bar = tqdm.tqdm(
+    total=config.num_steps, initial=start, disable=not progress_bar, dynamic_ncols=True
+  )
   step, tokens_seen, t0 = start, 0, time.perf_counter()
   try:
     for step in range(start, config.num_steps):
@@ -282,8 +318,10 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         ev = evaluate(eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch)
         metrics_log.write({'kind': 'eval', 'step': done, **ev})
-        bar.write(f'step {done}: held-aside greedy match {ev["greedy"]:.3f}, '
-                  f'T=1 acceptance {ev["accept_t1"]:.3f}')
+        bar.write(
+          f'step {done}: held-aside greedy match {ev["greedy"]:.3f}, '
+          f'T=1 acceptance {ev["accept_t1"]:.3f}'
+        )
         metrics_log.plot(workdir)
       manager.save(done, args=ocp.args.StandardSave(state))
       bar.update(1)
@@ -298,10 +336,17 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
     manager.wait_until_finished()
     manager.close()
   metrics_log.plot(workdir)
-  params = {**jax.tree.map(np.asarray, state['params']),
-            'vocab_ids': np.asarray(s.frozen['vocab_ids'])}
-  info = {'target': s.target.source, 'divergence': config.divergence, 'steps': final,
-          'init_layers': list(config.draft.init_layers), 'coverage': s.vocab_coverage}
+  params = {
+    **jax.tree.map(np.asarray, state['params']),
+    'vocab_ids': np.asarray(s.frozen['vocab_ids']),
+  }
+  info = {
+    'target': s.target.source,
+    'divergence': config.divergence,
+    'steps': final,
+    'init_layers': list(config.draft.init_layers),
+    'coverage': s.vocab_coverage,
+  }
   distilled.save_draft(workdir / 'draft', s.cfg, params, info)
   evals = [r for r in metrics_log.records if r['kind'] == 'eval']
   return evals[-1] if evals else {}

@@ -30,5 +30,16 @@ def get(name: str):
   return VERIFIERS[name]
 
 
-__all__ = ['Plan', 'stop_distribution', 'get', 'VERIFIERS', 'PLANS', 'block_plan',
-           'block_verify', 'greedy_plan', 'greedy_verify', 'rejection_plan', 'rejection_verify']
+__all__ = [
+  'Plan',
+  'stop_distribution',
+  'get',
+  'VERIFIERS',
+  'PLANS',
+  'block_plan',
+  'block_verify',
+  'greedy_plan',
+  'greedy_verify',
+  'rejection_plan',
+  'rejection_verify',
+]

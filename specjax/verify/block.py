@@ -22,8 +22,9 @@ from specjax.verify import common
 
 def block_plan(p: jax.Array, q: jax.Array, draft: jax.Array) -> common.Plan:
   k = draft.shape[-1]
-  step = common.ratio(common.draft_token_probs(p[:, :k], draft),
-                      common.draft_token_probs(q, draft))  # [B, K]
+  step = common.ratio(
+    common.draft_token_probs(p[:, :k], draft), common.draft_token_probs(q, draft)
+  )  # [B, K]
 
   def carry_weight(w, r):
     w = jnp.minimum(1.0, w * r)
