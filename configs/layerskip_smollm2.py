@@ -1,27 +1,39 @@
-"""Self-speculative layer skipping for smollm2-135m-instruct: the calibrated skip set.
+"""Self-speculative layer skipping for SmolLM2-135M-Instruct: the calibrated skip set.
 
-Written by `python -m specjax.calibrate_skip` on 2026-11-30; report:
-experiments/layerskip_bench/calibration.json.
-Skipped layers (25, 26) of 30; predicted 0.86x, measured 0.63x
-over autoregressive decoding on the calibration prompts (not the evaluation sets).
-No skip set beat autoregressive decoding: this is the least slow one.
+The skip set and gamma come from configs/layerskip_smollm2.json, written by
+`python -m specjax.calibrate_skip --config configs/calibrate_skip.py` (calibration prompts
+kept apart from the evaluation sets). `calibration=<path>` reads another calibration file.
 
   python -m specjax.run --config configs/layerskip_smollm2.py
   python -m specjax.run --config configs/layerskip_smollm2.py --config.prompts=humaneval
 """
 
+import json
+import pathlib
+
 from specjax import config_lib
 
-MODEL = 'smollm2-135m-instruct'
-SKIPPED = (25, 26)
-DRAFT = 'layers:0-24,27-29'
-GAMMA = 1
+CALIBRATION = pathlib.Path(__file__).with_suffix('.json')
 
 
 def get_config(arg: str | None = None):
-  c = config_lib.load_config('smollm2.py', arg)
-  c.model = MODEL
-  c.drafts = (DRAFT,)
-  c.gammas = (GAMMA,)
+  args = config_lib.parse_arg(arg, calibration=str(CALIBRATION))
+  path = pathlib.Path(args.calibration)
+  if not path.is_file():
+    raise FileNotFoundError(
+      f'calibration file {path} not found: run python -m specjax.calibrate_skip '
+      f'--config configs/calibrate_skip.py'
+    )
+  try:
+    report = json.loads(path.read_text())
+    model, draft, gamma = report['model'], report['chosen']['draft'], int(report['chosen']['gamma'])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(
+      f'{path}: expected a calibration report with model, chosen.draft and chosen.gamma ({e})'
+    ) from None
+  c = config_lib.load_config('smollm2.py', 'tiny' if model == 'tiny' else None)
+  c.model = model
+  c.drafts = (draft,)
+  c.gammas = (gamma,)
   c.verifier = 'greedy'  # calibrated for greedy decoding; rejection/block work too
   return c

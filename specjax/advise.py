@@ -23,6 +23,9 @@ import json
 import pathlib
 import sys
 
+from specjax.bench import tables
+from specjax.metrics import Summary
+
 
 def _load(path: pathlib.Path) -> dict:
   results = path / 'results.json' if path.is_dir() else path
@@ -44,47 +47,38 @@ def _load(path: pathlib.Path) -> dict:
   return summary
 
 
-def _stats(m: dict, category: str) -> dict | None:
-  return m if category == 'all' else m.get('categories', {}).get(category)
+def _stats(m: Summary, category: str) -> Summary | None:
+  return m if category == 'all' else m.categories.get(category)
 
 
 def advise(summary: dict, min_speedup: float = 1.03) -> dict:
-  """{category: {'verdict', 'method', per-draft candidates...}}."""
-  methods = summary['methods']
+  """{category: {'verdict', 'method', per-draft candidates...}} from results.json's content."""
+  methods = {name: Summary.from_json(m) for name, m in summary['methods'].items()}
   base = methods['autoregressive']
-  categories = ['all', *sorted(base.get('categories', {}))]
   advice = {}
-  for cat in categories:
+  for cat in ['all', *sorted(base.categories)]:
     ref = _stats(base, cat)
-    candidates = []
+    per_draft = {}
     for name, m in methods.items():
       sub = _stats(m, cat)
       if name == 'autoregressive' or sub is None:
         continue
-      overhead = sub['iteration_ms'] / ref['iteration_ms'] - 1
-      margin = sub['tokens_per_call'] - 1 - overhead
-      candidates.append(
-        {
-          'method': name,
-          'draft': name.rpartition('@')[0],
-          'speedup': sub['speedup'],
-          'tokens_per_call': sub['tokens_per_call'],
-          'overhead': overhead,
-          'margin': margin,
-          'acceptance_rate': sub['acceptance_rate'],
-          'p99_ms_per_token_ratio': (
-            sub['latency_ms_per_token']['p99'] / ref['latency_ms_per_token']['p99']
-          ),
-          'p99_latency_ms_delta': sub['latency_ms']['p99'] - ref['latency_ms']['p99'],
-        }
-      )
-    per_draft = {}
-    for c in candidates:
-      best = per_draft.get(c['draft'])
-      if best is None or c['speedup'] > best['speedup']:
-        per_draft[c['draft']] = c
-    for draft, c in per_draft.items():
-      c['model_best_gamma'] = summary.get('best_gamma', {}).get(draft, {}).get(cat, {}).get('gamma')
+      overhead = sub.iteration_ms / ref.iteration_ms - 1
+      draft = name.rpartition('@')[0]
+      candidate = {
+        'method': name,
+        'draft': draft,
+        'speedup': sub.speedup,
+        'tokens_per_call': sub.tokens_per_call,
+        'overhead': overhead,
+        'margin': sub.tokens_per_call - 1 - overhead,
+        'acceptance_rate': sub.acceptance_rate,
+        'p99_ms_per_token_ratio': sub.latency_ms_per_token['p99'] / ref.latency_ms_per_token['p99'],
+        'p99_latency_ms_delta': sub.latency_ms['p99'] - ref.latency_ms['p99'],
+        'model_best_gamma': summary.get('best_gamma', {}).get(draft, {}).get(cat, {}).get('gamma'),
+      }
+      if draft not in per_draft or candidate['speedup'] > per_draft[draft]['speedup']:
+        per_draft[draft] = candidate
     best = max(per_draft.values(), key=lambda c: c['speedup'], default=None)
     on = best is not None and best['speedup'] >= min_speedup and best['margin'] > 0
     advice[cat] = {
@@ -97,28 +91,32 @@ def advise(summary: dict, min_speedup: float = 1.03) -> dict:
 
 
 def format_advice(advice: dict) -> str:
-  lines = [
-    f'{"category":<14}{"advice":<26}{"speedup":>8}{"tok/call":>9}{"overhead":>9}'
-    f'{"margin":>8}{"p99 ms/tok":>11}{"model gamma":>12}'
-  ]
+  header = ['category', 'advice', 'speedup', 'tok/call', 'overhead', 'margin', 'p99 ms/tok']
+  rows = []
   for cat, a in advice.items():
     b = a['best']
     if b is None:
-      lines.append(f'{cat:<14}{"off (no draft ran)":<26}')
+      rows.append([cat, 'off (no draft ran)'] + [None] * (len(header) - 1))
       continue
     verdict = f'on: {b["method"]}' if a['verdict'] == 'on' else f'off (best {b["method"]})'
     gamma = b['model_best_gamma']
-    lines.append(
-      f'{cat:<14}{verdict:<26}{b["speedup"]:>7.2f}x{b["tokens_per_call"]:>9.2f}'
-      f'{b["overhead"]:>+9.2f}{b["margin"]:>+8.2f}'
-      f'{b["p99_ms_per_token_ratio"]:>10.2f}x'
-      f'{"-" if gamma is None else ("off" if gamma == 0 else gamma):>12}'
+    rows.append(
+      [
+        cat,
+        verdict,
+        f'{b["speedup"]:.2f}x',
+        b['tokens_per_call'],
+        f'{b["overhead"]:+.2f}',
+        f'{b["margin"]:+.2f}',
+        f'{b["p99_ms_per_token_ratio"]:.2f}x',
+        None if gamma is None else ('off' if gamma == 0 else gamma),
+      ]
     )
-  lines.append(
+  note = (
     'margin = tokens per call - 1 - overhead (iteration time over an autoregressive '
     'step, minus 1): positive pays; p99 ms/tok is against autoregressive decoding'
   )
-  return '\n'.join(lines)
+  return tables.text_table([*header, 'model gamma'], rows) + '\n' + note
 
 
 def main(argv=None) -> int:

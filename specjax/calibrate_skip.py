@@ -1,45 +1,51 @@
 r"""Calibrates self-speculative layer skipping: which layers the draft skips, and gamma.
 
-  python -m specjax.calibrate_skip  # SmolLM2-135M-Instruct, writes configs/layerskip_smollm2.py
-  python -m specjax.calibrate_skip --model tiny --out /tmp/layerskip_tiny.py --measure 1
+  python -m specjax.calibrate_skip --config configs/calibrate_skip.py  # SmolLM2-135M-Instruct
+  python -m specjax.calibrate_skip --config configs/calibrate_skip.py:tiny \
+      --config.out=/tmp/layerskip_tiny.json
 
-The draft is the target running a subset of its layers (draft spec 'layers:...',
-`specjax/drafters/model.py`). The search, on calibration prompts kept apart from the
-evaluation sets (`CALIBRATION_PROMPTS`: none of them is a HumanEval, MT-bench or
-code-editing prompt):
+A config-driven job that writes JSON (configs/layerskip_smollm2.json for the default):
+configs/layerskip_smollm2.py reads the chosen skip set from it. The draft is the target
+running a subset of its layers (draft spec 'layers:...', `specjax/drafters/model.py`).
+The search, on calibration prompts kept apart from the evaluation sets
+(`CALIBRATION_PROMPTS`: none of them is a HumanEval, MT-bench or code-editing prompt):
 
   1. the target decodes the calibration prompts greedily once;
   2. every candidate skip set (one contiguous block of layers, for each block length and
-     start) runs teacher-forced over those texts in one masked forward. Where the
-     draft's argmax agrees with the target's token a greedy draft is accepted, and with
-     the draft's own cache fed the accepted tokens, runs of agreement are exactly the
-     accepted draft lengths: simulating the loop over them gives tokens per target call
-     for every gamma, with no decoding;
-  3. a cost model turns that into a predicted speedup: an iteration costs gamma draft
-     steps of (kept layers + head) / (layers + head) of a target step each, plus one
-     verification of gamma + 1 tokens (1 + `VERIFY_SLOPE` * gamma target steps);
+     start) runs teacher-forced over those texts in one masked forward (the model's own
+     layer body, `llama.layer`). Where the draft's argmax agrees with the target's token
+     a greedy draft is accepted, and with the draft's own cache fed the accepted tokens,
+     runs of agreement are exactly the accepted draft lengths: simulating the loop over
+     them gives tokens per target call for every gamma, with no decoding;
+  3. the cost model (`specjax/control/cost_model.py`) turns that into a predicted
+     speedup from measured costs (`specjax/bench/costs.py`): a target step, each
+     (gamma + 1)-token verification, and a draft step of k kept layers, interpolated
+     between a 1-layer and an all-layer forward (the embedding and output head are the
+     fixed part);
   4. the best few candidates (each at its best gamma) are measured for real, decoding
      the calibration prompts with the Engine against autoregressive decoding, and the
-     fastest in tokens/s is written into a config file and a JSON report.
+     fastest in tokens/s is written as the chosen one.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import json
 import pathlib
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import config_lib
+from specjax.bench import costs as costs_lib
+from specjax.bench import provenance
+from specjax.checkpoints import loader
+from specjax.control import cost_model
 from specjax.decode.engine import Engine
 from specjax.drafters.model import ModelDrafter
-from specjax.models import llama, loader
+from specjax.models import llama
 
 # Written for calibration only; deliberately unlike the evaluation prompt sets.
 CALIBRATION_PROMPTS = (
@@ -50,8 +56,6 @@ CALIBRATION_PROMPTS = (
   'Write a Python class Stack with push, pop and peek methods.',
   'What are the main differences between a list and a tuple in Python?',
 )
-VERIFY_SLOPE = 0.065  # one forward of gamma+1 tokens costs ~1 + 0.065 gamma steps (FACTS.md)
-HEAD_LAYERS = 4.5  # the output head costs about as much as 4.5 of SmolLM2's 30 layers
 
 
 @dataclasses.dataclass
@@ -101,29 +105,21 @@ def contiguous_skips(
 
 def masked_forward(params, tokens, lengths, keep, cfg: llama.LlamaConfig) -> jax.Array:
   """Greedy next-token predictions [B, T] of the target running only layers where keep[L]
-  is true, over whole sequences (causal, no cache)."""
+  is true, over whole sequences (causal, no cache), with the model's own layer body."""
   b, t = tokens.shape
-  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   positions = jnp.broadcast_to(jnp.arange(t), (b, t))
   valid = positions < lengths[:, None]
   mask = (positions[:, None, :] <= positions[:, :, None]) & valid[:, None, :]  # [B, T, T]
-  cos, sin = llama.rope_tables(positions, h, cfg.rope_base)
+  cos, sin = llama.rope_tables(positions, cfg.head_dim, cfg.rope_base)
+  heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [B, G, T, H], as attention takes it
+  attend = lambda q, k, v: llama.attention(q, heads_first(k), heads_first(v), mask)
   x = jnp.take(params['embed'], tokens, axis=0)
-
-  def block(p, x):
-    y = llama.rms_norm(x, p['attn_norm'], cfg.norm_eps)
-    q = llama.apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
-    k = llama.apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
-    v = (y @ p['wv']).reshape(b, t, g, h)
-    heads_first = lambda a: a.transpose(0, 2, 1, 3)  # [B, G, T, H], as attention takes
-    x = x + llama.attention(q, heads_first(k), heads_first(v), mask).reshape(b, t, n * h) @ p['wo']
-    y = llama.rms_norm(x, p['mlp_norm'], cfg.norm_eps)
-    return x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
-
   for i, p in enumerate(params['layers']):  # skipped layers cost nothing on CPU
-    x = jax.lax.cond(keep[i], lambda x, p=p: block(p, x), lambda x: x, x)
+    x = jax.lax.cond(
+      keep[i], lambda x, p=p: llama.layer(p, x, cos, sin, cfg, attend), lambda x: x, x
+    )
   x = llama.rms_norm(x, params['final_norm'], cfg.norm_eps)
-  return jnp.argmax(llama.logits_from_hidden(params, x, cfg), -1)
+  return jnp.argmax(cfg.family.logits(params, x, cfg), -1)
 
 
 def simulate(agree: np.ndarray, gamma: int) -> float:
@@ -139,11 +135,43 @@ def simulate(agree: np.ndarray, gamma: int) -> float:
   return n / max(calls, 1)
 
 
-def predicted_speedup(
-  tokens_per_call: float, kept: int, n_layers: int, gamma: int, head: float = HEAD_LAYERS
-) -> float:
-  draft = (kept + head) / (n_layers + head)
-  return tokens_per_call / (gamma * draft + 1 + VERIFY_SLOPE * gamma)
+@dataclasses.dataclass(frozen=True)
+class SkipCosts:
+  """Measured costs in target steps: a draft step of k kept layers is
+  fixed + k * per_layer (fixed: embedding and output head), verify[gamma] one
+  (gamma + 1)-token target forward."""
+
+  fixed: float
+  per_layer: float
+  verify: dict[int, float]
+  step_ms: float
+
+  def draft_step(self, kept: int) -> float:
+    return self.fixed + kept * self.per_layer
+
+
+def measure_skip_costs(model, gammas, cache_size: int = 256, repeats: int = 5) -> SkipCosts:
+  """Times a target step, a 1-layer step and each verification (bench/costs.py timers)."""
+  params, cfg = jax.device_put(model.params), model.cfg
+  pieces = {'step': costs_lib.timer_forward(params, cfg, 1, 1, cache_size)}
+  pieces['one_layer'] = costs_lib.timer_forward(params, cfg, 1, 1, cache_size, layers=(0,))
+  for g in gammas:
+    pieces[g] = costs_lib.timer_forward(params, cfg, 1, g + 1, cache_size)
+  best = {k: min(run() for _ in range(repeats)) for k, run in pieces.items()}
+  step, one = best['step'], best['one_layer']
+  per_layer = max(step - one, 0.0) / max(cfg.n_layers - 1, 1) / step
+  return SkipCosts(
+    fixed=one / step - per_layer,
+    per_layer=per_layer,
+    verify={g: best[g] / step for g in gammas},
+    step_ms=step,
+  )
+
+
+def predicted_speedup(tokens_per_call: float, kept: int, gamma: int, costs: SkipCosts) -> float:
+  """The cost model's speedup of a skip set keeping `kept` layers at `gamma`."""
+  draft = gamma * costs.draft_step(kept)
+  return float(cost_model.speedup(tokens_per_call, draft, costs.verify[gamma]))
 
 
 def reference_texts(engine: Engine, prompts, max_new: int):
@@ -157,7 +185,7 @@ def reference_texts(engine: Engine, prompts, max_new: int):
   return tokens, np.array([len(s) for s in seqs]), np.array([len(p) for p in prompts])
 
 
-def score_candidates(model, candidates, tokens, lengths, starts, gammas, say=print):
+def score_candidates(model, candidates, tokens, lengths, starts, gammas, costs, say=print):
   """Fills in agreement, simulated tokens per call and predicted speedup (in place)."""
   cfg = model.cfg
   fn = jax.jit(lambda p, x, n, keep: masked_forward(p, x, n, keep, cfg))
@@ -172,16 +200,14 @@ def score_candidates(model, candidates, tokens, lengths, starts, gammas, say=pri
     cand.agreement = float(np.mean(np.concatenate(agrees)))
     for g in gammas:
       cand.tokens_per_call[g] = float(np.mean([simulate(a, g) for a in agrees]))
-      cand.predicted[g] = predicted_speedup(
-        cand.tokens_per_call[g], len(cand.kept), cfg.n_layers, g
-      )
+      cand.predicted[g] = predicted_speedup(cand.tokens_per_call[g], len(cand.kept), g, costs)
     if (i + 1) % 10 == 0 or i + 1 == len(candidates):
       say(f'scored {i + 1}/{len(candidates)} skip sets')
 
 
 def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict:
   """Greedy decoding of the calibration prompts, speculative vs autoregressive, batch 1."""
-  drafter = ModelDrafter(model.cfg, label=cand.spec, layers=cand.kept)
+  drafter = ModelDrafter(model.cfg, name=cand.spec, layers=cand.kept)
   engine = Engine(
     base.params,
     model.cfg,
@@ -211,162 +237,100 @@ def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict
   }
 
 
-CONFIG_TEMPLATE = '''"""Self-speculative layer skipping for {model}: the calibrated skip set.
-
-Written by `python -m specjax.calibrate_skip` on {date}; report:
-{report}.
-Skipped layers {skipped} of {n_layers}; predicted {predicted:.2f}x, measured {measured}
-over autoregressive decoding on the calibration prompts (not the evaluation sets).{verdict}
-
-  python -m specjax.run --config {path}
-  python -m specjax.run --config {path} --config.prompts=humaneval
-"""
-
-from specjax import config_lib
-
-MODEL = {model!r}
-SKIPPED = {skipped!r}
-DRAFT = {draft!r}
-GAMMA = {gamma}
-
-
-def get_config(arg: str | None = None):
-  c = config_lib.load_config('smollm2.py', arg)
-  c.model = MODEL
-  c.drafts = (DRAFT,)
-  c.gammas = (GAMMA,)
-  c.verifier = 'greedy'  # calibrated for greedy decoding; rejection/block work too
-  return c
-'''
+def validate(c) -> None:
+  """Checks the calibration config before any model loads."""
+  config_lib.check(c.measure_top >= 1, 'measure_top', c.measure_top, 'an integer >= 1')
+  config_lib.check(
+    1 <= c.num_prompts <= len(CALIBRATION_PROMPTS),
+    'num_prompts',
+    c.num_prompts,
+    f'an integer in [1, {len(CALIBRATION_PROMPTS)}]',
+  )
+  gammas = tuple(c.gammas)
+  config_lib.check(
+    bool(gammas) and all(isinstance(g, int) and g >= 1 for g in gammas),
+    'gammas',
+    gammas,
+    'draft lengths, each an integer >= 1',
+  )
+  for field in ('max_new', 'min_skip', 'stride'):
+    config_lib.check(c[field] >= 1, field, c[field], 'an integer >= 1')
+  config_lib.check(str(c.out).endswith('.json'), 'out', c.out, 'a path ending in .json')
+  loader.check_model_spec(c.model)
 
 
-def calibrate(
-  model_spec: str = 'smollm2-135m-instruct',
-  out: str = 'configs/layerskip_smollm2.py',
-  report: str | None = None,
-  max_new: int = 48,
-  num_prompts: int = 4,
-  gammas=(1, 2, 3, 4, 6, 8),
-  min_skip: int = 2,
-  stride: int = 2,
-  measure_top: int = 3,
-  say=print,
-) -> dict:
-  """Runs the search; writes the config `out` and the JSON report; returns the report."""
-  if measure_top < 1:
-    raise ValueError(f'measure_top must be >= 1, got {measure_top}')
-  if not 1 <= num_prompts <= len(CALIBRATION_PROMPTS):
-    raise ValueError(f'num_prompts must lie in [1, {len(CALIBRATION_PROMPTS)}], got {num_prompts}')
-  if not gammas or min(gammas) < 1:
-    raise ValueError(f'gammas must be integers >= 1, got {gammas}')
+def calibrate(config, workdir=None, say=print) -> dict:
+  """Runs the search on `config` (configs/calibrate_skip.py); writes and returns the report.
+
+  `workdir` is unused (the report goes to config.out); it keeps the entry-point signature.
+  """
+  del workdir
+  c = config
+  validate(c)
   start = time.perf_counter()
-  model = loader.load_model(model_spec)
+  model = loader.load_model(c.model)
   if model.cfg.n_layers < 2:
-    raise ValueError(f'{model_spec} has {model.cfg.n_layers} layer: nothing to skip')
-  prompts = [model.tokenizer.encode_chat(p) for p in CALIBRATION_PROMPTS[:num_prompts]]
+    raise ValueError(f'{c.model} has {model.cfg.n_layers} layer: nothing to skip')
+  gammas = tuple(c.gammas)
+  prompts = [model.tokenizer.encode_chat(p) for p in CALIBRATION_PROMPTS[: c.num_prompts]]
   base = Engine(
     model.params,
     model.cfg,
     eos_id=model.tokenizer.eos_id,
     cache_size=min(1024, model.cfg.max_seq_len),
   )
-  tokens, lengths, starts = reference_texts(base, prompts, max_new)
-  skips = contiguous_skips(
-    model.cfg.n_layers, min_skip=min(min_skip, model.cfg.n_layers - 1), stride=stride
+  tokens, lengths, starts = reference_texts(base, prompts, c.max_new)
+  costs = measure_skip_costs(model, gammas)
+  say(
+    f'costs (target steps): draft step {costs.fixed:.3f} + {costs.per_layer:.4f} per layer; '
+    'verify ' + ', '.join(f'{g}: {v:.2f}' for g, v in costs.verify.items())
   )
-  candidates = [
-    Candidate(s, tuple(i for i in range(model.cfg.n_layers) if i not in s)) for s in skips
-  ]
+  n_layers = model.cfg.n_layers
+  skips = contiguous_skips(n_layers, min_skip=min(c.min_skip, n_layers - 1), stride=c.stride)
+  candidates = [Candidate(s, tuple(i for i in range(n_layers) if i not in s)) for s in skips]
   say(
     f'{len(candidates)} skip sets, {len(prompts)} calibration prompts, {int(lengths.sum())} tokens'
   )
-  score_candidates(model, candidates, tokens, lengths, starts, gammas, say)
-  ranked = sorted(candidates, key=lambda c: -c.predicted[c.best_gamma()])
-  for cand in ranked[:measure_top]:
-    cand.measured = measure(model, cand, prompts, max_new, base)
+  score_candidates(model, candidates, tokens, lengths, starts, gammas, costs, say)
+  ranked = sorted(candidates, key=lambda cand: -cand.predicted[cand.best_gamma()])
+  for cand in ranked[: c.measure_top]:
+    cand.measured = measure(model, cand, prompts, c.max_new, base)
     say(
       f'{cand.spec} gamma={cand.measured["gamma"]}: predicted '
       f'{cand.predicted[cand.best_gamma()]:.2f}x, measured {cand.measured["speedup"]:.2f}x'
     )
   # Ranked by the speedup over autoregressive decoding measured prompt by prompt alongside
   # it: absolute tokens/s drift with the machine's load between candidates.
-  best = max(ranked[:measure_top], key=lambda c: c.measured['speedup'])
-  report_path = pathlib.Path(report or pathlib.Path(out).with_suffix('.json'))
+  best = max(ranked[: c.measure_top], key=lambda cand: cand.measured['speedup'])
   result = {
-    'model': model.source,
-    'date': datetime.date.today().isoformat(),
-    'calibration_prompts': list(CALIBRATION_PROMPTS[:num_prompts]),
-    'max_new': max_new,
-    'cost_model': {'verify_slope': VERIFY_SLOPE, 'head_layers': HEAD_LAYERS},
+    'model': c.model,
+    'source': model.source,
+    'calibration_prompts': list(CALIBRATION_PROMPTS[: c.num_prompts]),
+    'max_new': c.max_new,
+    'costs': dataclasses.asdict(costs),
     'chosen': {
       'draft': best.spec,
       'skipped': list(best.skipped),
       'gamma': best.best_gamma(),
+      'predicted': best.predicted[best.best_gamma()],
       'measured': best.measured,
       'beats_autoregressive': best.measured['speedup'] > 1.0,
     },
     'seconds': time.perf_counter() - start,
-    'candidates': [dataclasses.asdict(c) | {'spec': c.spec} for c in ranked],
+    'provenance': provenance.provenance(),
+    'candidates': [dataclasses.asdict(cand) | {'spec': cand.spec} for cand in ranked],
   }
-  path = pathlib.Path(out)
+  path = pathlib.Path(c.out)
   path.parent.mkdir(parents=True, exist_ok=True)
-  report_path.parent.mkdir(parents=True, exist_ok=True)
-  report_path.write_text(json.dumps(result, indent=1))
-  path.write_text(
-    CONFIG_TEMPLATE.format(
-      model=model_spec,
-      date=result['date'],
-      report=report_path,
-      skipped=best.skipped,
-      n_layers=model.cfg.n_layers,
-      predicted=best.predicted[best.best_gamma()],
-      measured=f'{best.measured["speedup"]:.2f}x',
-      path=path,
-      draft=best.spec,
-      verdict=''
-      if best.measured['speedup'] > 1
-      else ('\nNo skip set beat autoregressive decoding: this is the least slow one.'),
-      gamma=best.best_gamma(),
-    )
-  )
+  path.write_text(json.dumps(result, indent=1))
   if best.measured['speedup'] <= 1:
     say('no skip set beat autoregressive decoding on the calibration prompts')
   say(
     f'chose {best.spec} (skips {layer_ranges(best.skipped)}) at gamma={best.best_gamma()}: '
-    f'{best.measured["speedup"]:.2f}x measured; wrote {path} and {report_path} '
-    f'in {result["seconds"]:.0f} s'
+    f'{best.measured["speedup"]:.2f}x measured; wrote {path} in {result["seconds"]:.0f} s'
   )
   return result
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--model', default='smollm2-135m-instruct')
-  parser.add_argument('--out', default='configs/layerskip_smollm2.py')
-  parser.add_argument('--report', default=None, help='JSON report (default: next to --out)')
-  parser.add_argument('--max_new', type=int, default=48)
-  parser.add_argument('--num_prompts', type=int, default=4)
-  parser.add_argument('--gammas', default='1,2,3,4,6,8')
-  parser.add_argument('--min_skip', type=int, default=2)
-  parser.add_argument('--stride', type=int, default=2)
-  parser.add_argument('--measure', type=int, default=3, help='candidates measured for real')
-  args = parser.parse_args(argv)
-  try:
-    calibrate(
-      args.model,
-      args.out,
-      args.report,
-      args.max_new,
-      args.num_prompts,
-      tuple(int(g) for g in args.gammas.split(',')),
-      args.min_skip,
-      args.stride,
-      args.measure,
-    )
-  except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == '__main__':
-  main()
+  config_lib.run_cli(calibrate, 'configs/calibrate_skip.py')

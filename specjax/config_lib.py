@@ -1,9 +1,14 @@
-"""Helpers for experiment configs: `get_config(arg)` argument parsing and validation."""
+"""Configs and entry points: `get_config(arg)` argument parsing, field checks, and
+`run_cli`, the one command-line wrapper of every entry point and experiment script
+(absl flags + an ml_collections config file, errors as one line)."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import pathlib
+import sys
+from collections.abc import Callable
 
 import ml_collections
 
@@ -11,10 +16,10 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'  # the reposit
 
 
 def load_config(path: str | pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of the config file `path` (relative paths: under the repository's
-  configs/), for configs built on another one."""
+  """`get_config(arg)` of the config file `path` (relative paths: from the working
+  directory, else under the repository's configs/), for configs built on another one."""
   path = pathlib.Path(path)
-  if not path.is_absolute():
+  if not path.is_absolute() and not path.is_file():
     path = CONFIGS / path
   if not path.is_file():
     raise FileNotFoundError(f'config file {path} not found')
@@ -56,3 +61,74 @@ def check(condition: bool, field: str, value, expected: str) -> None:
   """Raises ValueError('config.<field> = <value>: expected <expected>') unless condition."""
   if not condition:
     raise ValueError(f'config.{field} = {value!r}: expected {expected}')
+
+
+def _flag_value(argv, name: str) -> str | None:
+  for i, a in enumerate(argv):
+    if a.startswith(f'--{name}='):
+      return a.split('=', 1)[1]
+    if a == f'--{name}' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def check_overrides(argv, flag: str = 'config') -> None:
+  """Raises ValueError for a --config.<field> override that the config file lacks.
+
+  ml_collections reports those with a traceback from deep inside flag parsing; this
+  names the override and the closest fields instead, before anything is loaded.
+  """
+  overrides = [a[len(flag) + 3 :].split('=', 1)[0] for a in argv if a.startswith(f'--{flag}.')]
+  spec = _flag_value(argv, flag)
+  if not overrides or spec is None:
+    return
+  file, _, arg = spec.partition(':')
+  if not pathlib.Path(file).is_file():
+    raise FileNotFoundError(f'--{flag}={spec}: config file {file} not found')
+  config = load_config(file, arg or None)
+  for override in overrides:
+    node, parts = config, override.split('.')
+    for depth, part in enumerate(parts):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        known = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        close = difflib.get_close_matches(part, known, n=3, cutoff=0.5)
+        where = '.'.join(parts[:depth]) or file
+        hint = f'; did you mean {" or ".join(close)}?' if close else ''
+        raise ValueError(
+          f'--{flag}.{override}: {where} has no field {part!r}{hint} (known: {", ".join(known)})'
+        )
+      node = node[part]
+
+
+def run_cli(main: Callable[..., object], default_config: str | None = None, argv=None) -> None:
+  """Runs `main(config, workdir)` from the command line: --config FILE[:ARG] (with
+  --config.<field>=<value> overrides) and --workdir DIR.
+
+  Unknown overrides, ValueError and FileNotFoundError (bad input, raised before any
+  expensive work) print one line 'error: ...' and exit with status 2.
+  """
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  argv = list(sys.argv if argv is None else argv)
+  help_text = f'Config file, e.g. {default_config}' if default_config else 'Config file.'
+  config = config_flags.DEFINE_config_file('config', None, help_text, lock_config=True)
+  workdir = flags.DEFINE_string('workdir', None, 'Where results go (default runs/<UTC time>).')
+
+  def run(args):
+    if len(args) > 1:
+      raise app.UsageError(f'unexpected arguments: {args[1:]}')
+    if config.value is None:
+      raise app.UsageError(f'--config is required, e.g. --config {default_config}')
+    try:
+      main(config.value, workdir.value)
+    except (ValueError, FileNotFoundError) as e:
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(2)
+
+  try:
+    check_overrides(argv)
+  except (ValueError, FileNotFoundError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  app.run(run, argv)

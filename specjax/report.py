@@ -1,11 +1,17 @@
-"""Results people would rather look at: a CSV table and PNG plots beside results.json."""
+"""What a run writes and prints: results.json, results.csv, generations.jsonl, PNG plots,
+and the text tables. Everything reads the typed summaries of specjax/metrics.py."""
 
 from __future__ import annotations
 
 import csv
+import json
 import pathlib
 
 import numpy as np
+
+from specjax import metrics
+from specjax.bench import provenance, tables
+from specjax.metrics import Summary
 
 COLUMNS = (
   'method',
@@ -27,12 +33,12 @@ COLUMNS = (
 )
 
 
-def _row(method: str, category: str, m: dict) -> dict:
-  row = {k: m.get(k) for k in COLUMNS if k in m}
+def _row(method: str, category: str, m: Summary) -> dict:
+  row = {k: getattr(m, k) for k in COLUMNS if hasattr(m, k)}
   row.update(method=method, category=category)
   for q in ('p50', 'p90', 'p99'):
-    row[f'latency_ms_{q}'] = m['latency_ms'][q]
-  row['ms_per_token_p99'] = m['latency_ms_per_token']['p99']
+    row[f'latency_ms_{q}'] = m.latency_ms[q]
+  row['ms_per_token_p99'] = m.latency_ms_per_token['p99']
   return row
 
 
@@ -41,10 +47,103 @@ def write_csv(path: pathlib.Path, summary: dict) -> None:
   with open(path, 'w', newline='') as f:
     writer = csv.DictWriter(f, fieldnames=COLUMNS)
     writer.writeheader()
-    for name, m in summary['methods'].items():
+    for name, data in summary['methods'].items():
+      m = Summary.from_json(data)
       writer.writerow(_row(name, 'all', m))
-      for cat, sub in m.get('categories', {}).items():
+      for cat, sub in m.categories.items():
         writer.writerow(_row(name, cat, sub))
+
+
+def results(
+  config, model: str, drafts, summaries: dict[str, Summary], categories, costs, num_prompts: int
+) -> dict:
+  """results.json's content: the run's settings, per-method summaries, costs, provenance."""
+  return {
+    'model': model,
+    'drafts': drafts,
+    'verifier': config.verifier,
+    'temperature': config.temperature,
+    'batch_size': config.batch_size,
+    'num_prompts': num_prompts,
+    'methods': {name: m.to_json() for name, m in summaries.items()},
+    'costs': {spec: c.to_json() for spec, c in costs.items()},
+    'best_gamma': metrics.best_gamma_per_category(summaries, costs, categories),
+    'provenance': provenance.provenance(),
+  }
+
+
+def write_results(out_dir: pathlib.Path, config, records, summary: dict) -> None:
+  """config.json, generations.jsonl (every text), results.json, results.csv and the plots."""
+  (out_dir / 'config.json').write_text(config.to_json_best_effort(indent=2))
+  with open(out_dir / 'generations.jsonl', 'w') as f:
+    for recs in records.values():
+      for r in recs:
+        f.write(json.dumps(r, ensure_ascii=False) + '\n')
+  (out_dir / 'results.json').write_text(json.dumps(summary, indent=2))
+  write_csv(out_dir / 'results.csv', summary)
+  plot_all(out_dir, records, summary)
+
+
+def show_texts(say, records, greedy: bool) -> None:
+  """Each prompt's autoregressive text, and whether every other method's is the same."""
+  base = records['autoregressive']
+  for k, r in enumerate(base):
+    say(f'--- [{r["category"]}] {r["prompt"][:200]}\n{r["output"]}\n')
+    for name, recs in records.items():
+      if name == 'autoregressive':
+        continue
+      if recs[k]['tokens'] == r['tokens']:
+        say(f'    {name}: identical output')
+      elif greedy:
+        say(f'    {name}: DIFFERENT output (near-tie?):\n{recs[k]["output"]}')
+      else:
+        say(f'    {name} (a different sample):\n{recs[k]["output"]}')
+
+
+TABLE_NOTE = (
+  '(accept: accepted / drafted tokens; alpha: per-token acceptance probability; '
+  'speedup: end to end, prefill included; predicted: the cost model on the decode '
+  'loop, compare with decode_speedup in results.json)'
+)
+
+
+def format_table(summary: dict) -> str:
+  greedy = summary['temperature'] == 0
+  header = ['method', 'accept', 'alpha', 'tok/call', 'tok/s', 'speedup', 'predicted']
+  header += ['p50 ms', 'p99 ms', 'ms/tok p99', 'mismatch']
+  rows = []
+  for name, data in summary['methods'].items():
+    m = Summary.from_json(data)
+    rows.append(
+      [
+        name,
+        m.acceptance_rate,
+        m.alpha,
+        m.tokens_per_call,
+        m.tokens_per_second,
+        f'{m.speedup:.2f}x',
+        None if m.predicted_speedup is None else f'{m.predicted_speedup:.2f}x',
+        m.latency_ms['p50'],
+        m.latency_ms['p99'],
+        m.latency_ms_per_token['p99'],
+        m.greedy_mismatches if greedy else None,
+      ]
+    )
+  formats = {'tok/s': '.1f', 'p50 ms': '.0f', 'p99 ms': '.0f', 'ms/tok p99': '.1f'}
+  return tables.text_table(header, rows, formats) + '\n' + TABLE_NOTE
+
+
+def format_best_gamma(summary: dict) -> str:
+  lines = []
+  for spec, cats in summary.get('best_gamma', {}).items():
+    parts = [
+      f'{cat}: '
+      + ('off' if b['gamma'] == 0 else f'gamma={b["gamma"]} ({b["predicted_speedup"]:.2f}x)')
+      + f' at alpha {b["alpha"]:.2f}'
+      for cat, b in cats.items()
+    ]
+    lines.append(f'best gamma by the cost model, {spec}: ' + '; '.join(parts))
+  return '\n'.join(lines)
 
 
 def acceptance_by_position(recs: list[dict]) -> np.ndarray:

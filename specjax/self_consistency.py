@@ -19,18 +19,17 @@ from __future__ import annotations
 import collections
 import json
 import re
-import sys
 from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 
-from specjax import config_lib, verify
+from specjax import config_lib, metrics, registry, run_lib
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine, GenerationOutput
-from specjax.decode.sampling import SamplingConfig
 from specjax.drafters import ConsensusDrafter, NgramDrafter
-from specjax.models import loader
 
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?(?:/\d+)?')
 _MARKED = (
@@ -73,12 +72,6 @@ def majority_vote(answers: Sequence[str | None]) -> tuple[str | None, int]:
   return winner, top
 
 
-def tokens_per_call(out: GenerationOutput) -> float:
-  """Mean tokens a row gets per target call (prefill included), over the batch's rows."""
-  calls = sum(len(a) + 1 for a in out.accepted)
-  return out.num_generated / max(calls, 1)
-
-
 def run_paths(
   engine: Engine,
   prompt: Sequence[int],
@@ -100,7 +93,9 @@ def method_stats(out: GenerationOutput) -> dict:
   return {
     'tokens': out.num_generated,
     'target_calls': out.target_calls,
-    'tokens_per_call': tokens_per_call(out),
+    'tokens_per_call': metrics.tokens_per_call(
+      out.num_generated, sum(len(a) + 1 for a in out.accepted)
+    ),
     'seconds': seconds,
     'tokens_per_second': out.num_generated / max(seconds, 1e-9),
     'acceptance_rate': None if np.isnan(out.acceptance_rate) else out.acceptance_rate,
@@ -119,7 +114,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   )
   config_lib.check(c.num_prompts >= 1, 'num_prompts', c.num_prompts, 'an integer >= 1')
   config_lib.check(c.max_new_tokens >= 1, 'max_new_tokens', c.max_new_tokens, 'an integer >= 1')
-  verifiers = sorted(set(verify.VERIFIERS) - {'greedy'})
+  verifiers = [n for n in registry.VERIFIERS.names if not registry.VERIFIERS.get(n).greedy_only]
   config_lib.check(c.verifier in verifiers, 'verifier', c.verifier, f'one of {verifiers}')
   SamplingConfig(c.temperature, c.top_k, c.top_p)
 
@@ -210,8 +205,6 @@ def summarize(records) -> dict:
 
 def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=print) -> dict:
   """Runs self-consistency on config's prompts; returns (and writes) the results."""
-  from specjax import run_lib
-
   c = config
   validate(c)
   out_dir = run_lib.make_workdir(workdir)
@@ -238,7 +231,7 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=prin
   results = {
     'config': c.to_dict(),
     'model': model.source,
-    'drafter': engines['consensus'].drafter.describe(),
+    'drafter': engines['consensus'].drafter.name,
     'prompts': records,
     'summary': summarize(records),
   }
@@ -250,28 +243,5 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=prin
   return results
 
 
-def _cli(argv):
-  from absl import app, flags
-  from ml_collections import config_flags
-
-  config = config_flags.DEFINE_config_file(
-    'config', None, 'configs/self_consistency.py', lock_config=True
-  )
-  workdir = flags.DEFINE_string('workdir', None, 'Where results go (default runs/<UTC time>).')
-
-  def run(args):
-    if len(args) > 1:
-      raise app.UsageError(f'unexpected arguments: {args[1:]}')
-    if config.value is None:
-      raise app.UsageError('--config is required, e.g. --config configs/self_consistency.py')
-    try:
-      main(config.value, workdir.value)
-    except (ValueError, FileNotFoundError) as e:
-      print(f'error: {e}', file=sys.stderr)
-      sys.exit(2)
-
-  app.run(run, argv)
-
-
 if __name__ == '__main__':
-  _cli(sys.argv)
+  config_lib.run_cli(main, 'configs/self_consistency.py')

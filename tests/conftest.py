@@ -33,7 +33,7 @@ def _bounded_compiled_programs():
 @pytest.fixture(scope='session')
 def smollm2():
   """specjax's LoadedModel of SmolLM2-135M-Instruct (fetched into the cache on first use)."""
-  from specjax.models import loader
+  from specjax.checkpoints import loader
 
   return loader.load_model('smollm2-135m-instruct')
 

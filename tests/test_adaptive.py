@@ -7,8 +7,8 @@ import pytest
 
 from specjax import testing
 from specjax.control import adaptive
+from specjax.core.sampling import SamplingConfig
 from specjax.decode.engine import Engine
-from specjax.decode.sampling import SamplingConfig
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
 
 # Costs of a cheapish draft in target-step units (c ~ 0.1, verify grows with gamma).
@@ -169,7 +169,7 @@ def test_adaptive_sampling_matches_the_target():
   import jax.numpy as jnp
   from scipy import stats
 
-  from specjax.decode.sampling import probabilities
+  from specjax.core.sampling import probabilities
   from specjax.models import llama
   from specjax.models.kv_cache import KVCache
 

@@ -1,12 +1,12 @@
 """Layer-skip calibration: the simulation, the candidate set, and a valid config written."""
 
-import importlib.util
 import json
 
 import numpy as np
 import pytest
 
 from specjax import calibrate_skip as cs
+from specjax import config_lib, run_config
 from specjax.drafters.model import parse_layers
 
 
@@ -26,7 +26,10 @@ def test_layer_ranges_and_contiguous_skips():
 
 
 def test_more_kept_layers_cost_more():
-  assert cs.predicted_speedup(2.0, 20, 30, 4) < cs.predicted_speedup(2.0, 10, 30, 4)
+  costs = cs.SkipCosts(fixed=0.13, per_layer=0.029, verify={4: 1.26}, step_ms=16.0)
+  assert cs.predicted_speedup(2.0, 20, 4, costs) < cs.predicted_speedup(2.0, 10, 4, costs)
+  # The one cost model: tokens per call over draft + verify, in target steps.
+  assert cs.predicted_speedup(2.0, 10, 4, costs) == pytest.approx(2.0 / (4 * 0.42 + 1.26))
 
 
 def test_masked_forward_with_every_layer_is_the_model():
@@ -47,18 +50,19 @@ def test_masked_forward_with_every_layer_is_the_model():
     np.testing.assert_array_equal(pred[1, :3], logits[1, :3].argmax(-1))
 
 
-def test_calibration_writes_a_valid_config(tmp_path):
-  out = tmp_path / 'layerskip_tiny.py'
-  result = cs.calibrate(
-    'tiny', str(out), max_new=8, num_prompts=2, gammas=(1, 2), measure_top=1, say=lambda *a: None
-  )
-  report = json.loads((tmp_path / 'layerskip_tiny.json').read_text())
+def tiny_config(**overrides):
+  c = config_lib.load_config('calibrate_skip.py', 'tiny')
+  c.update(overrides)
+  return c
+
+
+def test_calibration_writes_the_json_a_config_reads(tmp_path):
+  out = tmp_path / 'layerskip_tiny.json'
+  result = cs.calibrate(tiny_config(out=str(out)), say=lambda *a: None)
+  report = json.loads(out.read_text())
   assert report['chosen'] == json.loads(json.dumps(result['chosen']))
   assert all(c['measured'] is None or c['measured']['speedup'] > 0 for c in report['candidates'])
-  spec = importlib.util.spec_from_file_location('layerskip_tiny', out)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_lib.load_config('layerskip_smollm2.py', f'calibration={out}')
   (draft,) = c.drafts
   assert draft == result['chosen']['draft'] and c.model == 'tiny'
   assert c.gammas == (result['chosen']['gamma'],)
@@ -66,14 +70,21 @@ def test_calibration_writes_a_valid_config(tmp_path):
   assert set(kept).isdisjoint(result['chosen']['skipped'])
 
 
+def test_the_shipped_calibration_is_a_valid_config():
+  c = config_lib.load_config('layerskip_smollm2.py')
+  assert c.model == 'smollm2-135m-instruct' and c.drafts[0].startswith('layers:')
+  run_config.validate(c)
+
+
 @pytest.mark.parametrize(
-  'kwargs,match',
+  'overrides,match',
   [
-    ({'measure_top': 0}, 'measure_top must be >= 1'),
-    ({'num_prompts': 99}, 'num_prompts must lie in'),
-    ({'gammas': (0,)}, 'gammas must be integers >= 1'),
+    ({'measure_top': 0}, r'config.measure_top = 0: expected an integer >= 1'),
+    ({'num_prompts': 99}, r'config.num_prompts = 99: expected an integer in \[1, 6\]'),
+    ({'gammas': (0,)}, r'config.gammas = \(0,\): expected draft lengths'),
+    ({'out': 'x.py'}, 'a path ending in .json'),
   ],
 )
-def test_bad_settings_are_named(tmp_path, kwargs, match):
+def test_bad_settings_are_named(tmp_path, overrides, match):
   with pytest.raises(ValueError, match=match):
-    cs.calibrate('tiny', str(tmp_path / 'x.py'), **kwargs)
+    cs.calibrate(tiny_config(**overrides))

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax import testing, verify
+from specjax import registry, testing, verify
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.decode.engine import Engine
-from specjax.decode.loop import Method, prefill
-from specjax.decode.sampling import SamplingConfig, probabilities
-from specjax.drafters import consensus
+from specjax.decode.loop import Method
+from specjax.decode.prefill import prefill
 from specjax.drafters.consensus import ConsensusDrafter, group_candidates, heaviest_path
-from specjax.models import llama, loader
+from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
 
@@ -116,7 +117,7 @@ def test_proposals_inside_the_loop_come_from_the_other_path(target):
     state.tokens.at[0, :2].set(jnp.array([x, 11])).at[1, :5].set(jnp.array([x, 11, 12, 13, 14]))
   )
   state = state.replace(tokens=tokens, num_generated=jnp.array([2, 5]))
-  draft, q, ds = drafter.propose(None, state.extra['draft'], state, None, 3, SamplingConfig())
+  draft, q, ds = drafter.propose(None, state.spec.draft, state, None, 3, SamplingConfig())
   assert draft[0].tolist() == [12, 13, 14] and bool(ds.found[0])
   assert q is None  # deterministic: the loop builds one-hot q when it verifies
 
@@ -214,7 +215,9 @@ def always_accept(p, q, draft, key):
 
 
 def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
-  monkeypatch.setitem(verify.VERIFIERS, 'always', always_accept)
+  monkeypatch.setitem(
+    registry.VERIFIERS.table, 'always', verify.Verifier('always', always_accept, None)
+  )
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(*small_vocab, sampling)
   samples, _ = sample(small_vocab, sampling, 2, 'always')
@@ -248,14 +251,14 @@ def test_bad_settings_are_named(kwargs, match):
 def test_draft_spec(target):
   cfg, params = target
   model = loader.LoadedModel(cfg, params, None, 'tiny')
-  drafter, draft_params, _ = loader.load_draft('consensus:8,k=3,m=0,n=2', model)
+  drafter, draft_params = registry.build_draft('consensus:8,k=3,m=0,n=2', model)
   assert drafter == ConsensusDrafter(64, group=8, k=3, max_mismatches=0, n_max=2)
   assert draft_params is None
-  assert consensus.parse_spec('consensus:4', 64).group == 4
-  assert consensus.parse_spec('consensus:2,q=sample', 64).proposal == 'sample'
+  assert registry.build_draft('consensus:4', model)[0].group == 4
+  assert registry.build_draft('consensus:2,q=sample', model)[0].proposal == 'sample'
   for bad in ('consensus:', 'consensus:x', 'consensus:8,z=1', 'consensus:8,k=x'):
     with pytest.raises(ValueError, match='expected consensus:<N>'):
-      loader.load_draft(bad, model)
+      registry.build_draft(bad, model)
 
 
 def test_ngram_spec_with_a_range(target):
@@ -263,7 +266,7 @@ def test_ngram_spec_with_a_range(target):
 
   cfg, params = target
   model = loader.LoadedModel(cfg, params, None, 'tiny')
-  assert loader.load_draft('ngram:2-6', model)[0] == NgramDrafter(64, n_max=6, n_min=2)
-  assert loader.load_draft('ngram:5', model)[0] == NgramDrafter(64, n_max=5, n_min=1)
+  assert registry.build_draft('ngram:2-6', model)[0] == NgramDrafter(64, n_max=6, n_min=2)
+  assert registry.build_draft('ngram:5', model)[0] == NgramDrafter(64, n_max=5, n_min=1)
   with pytest.raises(ValueError, match='expected ngram:<longest n-gram> or'):
-    loader.load_draft('ngram:2-', model)
+    registry.build_draft('ngram:2-', model)

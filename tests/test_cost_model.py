@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from specjax import testing
-from specjax.control import cost_model, costs
+from specjax.bench import costs
+from specjax.control import cost_model
 from specjax.decode.engine import Engine
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
 
@@ -46,12 +47,12 @@ def test_measured_costs_on_a_tiny_model():
   engine = Engine(
     params, cfg, eos_id=-1, cache_size=128, drafter=ModelDrafter(draft_cfg), draft_params=draft
   )
-  c = costs.measure(engine, batch=2, slots=128, gammas=(1, 4), repeats=3)
+  c = costs.measure(engine, batch=2, cache_size=128, gammas=(1, 4), repeats=3)
   assert c.target_ms > 0 and set(c.draft_ms) == set(c.verify_ms) == {1, 4}
   assert c.draft_ms[4] > c.draft_ms[1] > 0  # four draft forwards cost more than one
   assert c.units(0) == (0.0, 1.0) and c.table()[4] == c.units(4)
   assert c.c == pytest.approx(c.draft_ms[4] / 4 / c.target_ms)
   lookup = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
-  assert costs.measure(lookup, batch=1, slots=128, gammas=(2,), repeats=2).draft_ms[2] > 0
+  assert costs.measure(lookup, batch=1, cache_size=128, gammas=(2,), repeats=2).draft_ms[2] > 0
   with pytest.raises(ValueError, match='needs an engine with a drafter'):
     costs.measure(Engine(params, cfg, eos_id=-1, cache_size=128), 1, 128, (1,))

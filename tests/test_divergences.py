@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import registry
 from specjax.train import divergences
 
 
@@ -37,26 +38,28 @@ def _reference(name, p, logits):
   return np.abs(p - q).sum(-1) / 2
 
 
-@pytest.mark.parametrize('name', sorted(divergences.DIVERGENCES))
+@pytest.mark.parametrize('name', registry.DIVERGENCES.names)
 def test_matches_numpy(name):
   p, logits = _random(0)
-  got = divergences.get(name)(jnp.asarray(p), jnp.asarray(logits))
+  got = registry.DIVERGENCES.get(name)(jnp.asarray(p), jnp.asarray(logits))
   assert got.shape == p.shape[:-1]
   np.testing.assert_allclose(got, _reference(name, p, logits), rtol=2e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize('name', sorted(divergences.DIVERGENCES))
+@pytest.mark.parametrize('name', registry.DIVERGENCES.names)
 def test_zero_at_the_teacher_and_positive_elsewhere(name):
   p, logits = _random(1, zeros=False)
-  fn = divergences.get(name)
+  fn = registry.DIVERGENCES.get(name)
   np.testing.assert_allclose(fn(jnp.asarray(p), jnp.log(jnp.asarray(p))), 0, atol=2e-4)
   assert np.all(np.asarray(fn(jnp.asarray(p), jnp.asarray(logits))) > 0)
 
 
-@pytest.mark.parametrize('name', sorted(divergences.DIVERGENCES))
+@pytest.mark.parametrize('name', registry.DIVERGENCES.names)
 def test_gradients_are_finite_with_zeros_in_p(name):
   p, logits = _random(2)
-  grad = jax.grad(lambda x: divergences.get(name)(jnp.asarray(p), x).sum())(jnp.asarray(logits))
+  grad = jax.grad(lambda x: registry.DIVERGENCES.get(name)(jnp.asarray(p), x).sum())(
+    jnp.asarray(logits)
+  )
   assert np.all(np.isfinite(np.asarray(grad)))
   assert np.abs(np.asarray(grad)).sum() > 0
 
@@ -75,4 +78,4 @@ def test_bounds_and_symmetry():
 
 def test_unknown_divergence():
   with pytest.raises(ValueError, match='unknown divergence'):
-    divergences.get('kl')
+    registry.DIVERGENCES.get('kl')

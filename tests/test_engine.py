@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 from specjax import testing
-from specjax.decode import sampling as sampling_lib
+from specjax.core import sampling as sampling_lib
 from specjax.decode.engine import Engine
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache

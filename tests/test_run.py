@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from specjax import run_lib
-from specjax.models import loader
+from specjax import metrics, run_lib
+from specjax.checkpoints import loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -271,7 +271,7 @@ def test_near_ties_are_counted_at_the_first_divergence():
   base = {'tokens': engine.generate([prompt], 6).tokens[0]}
   diverged = {'tokens': base['tokens'][:2] + [(base['tokens'][2] + 1) % 64] + base['tokens'][3:]}
   same = {'tokens': list(base['tokens'])}
-  count = run_lib.count_near_ties
+  count = metrics.count_near_ties
   assert count(engine, [prompt], [same], [base]) == 0  # identical: nothing to explain
   assert count(engine, [prompt], [diverged], [base]) == 0  # a clear argmax: not a tie
   assert count(engine, [prompt], [diverged], [base], threshold=1e9) == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax.decode.sampling import NEG_INF, SamplingConfig, probabilities, sample, warp_logits
+from specjax.core.sampling import NEG_INF, SamplingConfig, probabilities, sample, warp_logits
 
 LOGITS = jnp.log(jnp.array([[0.05, 0.4, 0.1, 0.3, 0.15]]))
 
@@ -61,7 +61,7 @@ def test_invalid_settings_are_named(kwargs, match):
 
 
 def test_fast_argmax_is_argmax_with_first_index_on_ties():
-  from specjax.decode.sampling import argmax
+  from specjax.core.sampling import argmax
 
   x = jax.random.normal(jax.random.key(3), (6, 1000))
   np.testing.assert_array_equal(argmax(x), jnp.argmax(x, -1))
@@ -69,7 +69,7 @@ def test_fast_argmax_is_argmax_with_first_index_on_ties():
 
 
 def test_inverse_cdf_sampler_follows_probs_and_never_picks_zero_mass():
-  from specjax.decode.sampling import sample_probs
+  from specjax.core.sampling import sample_probs
 
   p = jnp.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
   draws = sample_probs(jnp.tile(p, (40000, 1)), jax.random.key(2))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specjax import self_consistency as sc
-from specjax.decode.sampling import SamplingConfig
+from specjax.core.sampling import SamplingConfig
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_self_consistency_writes_answers_votes_and_speedup(tmp_path):
 
 
 def test_the_n_paths_are_different_samples_of_one_prompt():
-  from specjax.models import loader
+  from specjax.checkpoints import loader
 
   model = loader.load_model('tiny')
   engines = sc.build_engines(tiny_config(), model)

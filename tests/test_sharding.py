@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import json, jax
     from specjax import testing
     from specjax.decode.engine import Engine
-    from specjax.decode.sampling import SamplingConfig
+    from specjax.core.sampling import SamplingConfig
     from specjax.models import sharding
     assert jax.device_count() == 8, jax.devices()
     cfg, params = testing.tiny_model(seed=5)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax import testing, verify
+from specjax import registry, testing, verify
+from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.decode.engine import Engine
-from specjax.decode.sampling import SamplingConfig, probabilities
 from specjax.drafters import ModelDrafter, truncated_target
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
@@ -158,7 +158,9 @@ def always_accept(p, q, draft, key):
 
 
 def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
-  monkeypatch.setitem(verify.VERIFIERS, 'always', always_accept)
+  monkeypatch.setitem(
+    registry.VERIFIERS.table, 'always', verify.Verifier('always', always_accept, None)
+  )
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(*small_vocab[0], sampling)
   samples = sample_continuations(small_vocab, sampling, 2, 'always')
@@ -254,7 +256,8 @@ def test_ngram_drafter_proposes_the_continuation(target):
   engine = ngram_engine(target)
   cfg, params = target
   prompt = [10, 11, 12, 13, 14, 15, 16, 17, 10, 11]
-  from specjax.decode.loop import Method, prefill
+  from specjax.decode.loop import Method
+  from specjax.decode.prefill import prefill
 
   method = Method(gamma=4, drafter=engine.drafter)
   state = prefill(
@@ -271,9 +274,7 @@ def test_ngram_drafter_proposes_the_continuation(target):
     out_len=16,
   )
   first = int(state.tokens[0, 0])
-  tokens, q, ds = engine.drafter.propose(
-    None, state.extra['draft'], state, None, 4, SamplingConfig()
-  )
+  tokens, q, ds = engine.drafter.propose(None, state.spec.draft, state, None, 4, SamplingConfig())
   if first == 12:  # '11 12' seen before: propose what followed it
     assert tokens[0].tolist() == [13, 14, 15, 16]
   assert bool(ds.found[0]) == (first in prompt)

@@ -2,10 +2,9 @@
 
 import pytest
 
-from specjax import run_lib
+from specjax import metrics, registry
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
-from specjax.models import loader
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 24
@@ -15,7 +14,7 @@ NEW_TOKENS = 24
 def setup(smollm2):
   # 28 layers of 30: a draft that agrees often enough to exercise multi-token acceptance
   # (truncated drafts agree surprisingly rarely: 20 layers accept under 10%).
-  drafter, draft_params, _ = loader.load_draft('truncated:28', smollm2)
+  drafter, draft_params = registry.build_draft('truncated:28', smollm2)
   engine = Engine(
     smollm2.params,
     smollm2.cfg,
@@ -38,7 +37,7 @@ def test_real_greedy_identity_on_20_prompts(setup, gamma):
   engine, prompts, reference = setup
   out = engine.generate(prompts, NEW_TOKENS, gamma=gamma, verifier='greedy')
   mismatches = sum(ours != ref for ours, ref in zip(out.tokens, reference))
-  near_ties = run_lib.count_near_ties(
+  near_ties = metrics.count_near_ties(
     engine, prompts, [{'tokens': t} for t in out.tokens], [{'tokens': t} for t in reference]
   )
   print(

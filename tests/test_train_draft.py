@@ -107,12 +107,13 @@ def test_outputs_of_a_run(uninterrupted):
 
 
 def test_the_trained_draft_decodes_losslessly(uninterrupted):
+  from specjax import registry
+  from specjax.checkpoints.loader import load_model
   from specjax.decode.engine import Engine
-  from specjax.models.loader import load_draft, load_model
 
   target = load_model('tiny')
-  drafter, draft_params, label = load_draft(str(uninterrupted / 'draft'), target)
-  assert 'distilled' in label
+  drafter, draft_params = registry.build_draft(str(uninterrupted / 'draft'), target)
+  assert 'distilled' in drafter.name
   engine = Engine(
     target.params, target.cfg, eos_id=-1, cache_size=128, drafter=drafter, draft_params=draft_params
   )
@@ -152,15 +153,15 @@ def test_no_evaluation_prompt_in_the_training_data(env, uninterrupted):
 def test_hugging_face_export_makes_the_same_greedy_choices(uninterrupted, tmp_path):
   import jax.numpy as jnp
 
-  from specjax.checkpoints import hf
+  from specjax.checkpoints import draft_dir, hf
+  from specjax.checkpoints.loader import load_model
   from specjax.drafters import distilled
   from specjax.models import llama
   from specjax.models.kv_cache import KVCache
-  from specjax.models.loader import load_model
 
   target = load_model('tiny')
-  cfg, params, _ = distilled.load_draft_dir(uninterrupted / 'draft', target.params['embed'])
-  distilled.export_hf(tmp_path / 'hf', cfg, params, None)
+  cfg, params, _ = draft_dir.load_draft_dir(uninterrupted / 'draft', target.params['embed'])
+  draft_dir.export_hf(tmp_path / 'hf', cfg, params, None)
   hf_cfg, hf_params = hf.load_hf(tmp_path / 'hf')
   tokens = jnp.asarray(np.random.default_rng(0).integers(3, 200, (2, 12)), jnp.int32)
   sub, _ = distilled.subset_logits(params, tokens, KVCache.init(cfg, 2, 12), cfg)

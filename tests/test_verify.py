@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax import verify
-from specjax.decode.sampling import SamplingConfig, probabilities
+from specjax import registry
+from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.verify import common
 
 KINDS = [
@@ -83,7 +83,7 @@ def draft_blocks(tree, gamma):
 def output_distribution(name, tree, gamma):
   """Exact distribution of gamma+1 tokens: one verification round, then the target."""
   blocks, weights, ps, qs = draft_blocks(tree, gamma)
-  plan = verify.PLANS[name](jnp.asarray(ps), jnp.asarray(qs), jnp.asarray(blocks))
+  plan = registry.VERIFIERS.get(name).plan(jnp.asarray(ps), jnp.asarray(qs), jnp.asarray(blocks))
   stop = np.asarray(common.stop_distribution(plan), np.float64)
   residuals = np.asarray(plan.residuals, np.float64)
   out = {}
@@ -109,7 +109,7 @@ def target_distribution(tree, gamma):
 
 def expected_accepted(name, tree, gamma):
   blocks, weights, ps, qs = draft_blocks(tree, gamma)
-  plan = verify.PLANS[name](jnp.asarray(ps), jnp.asarray(qs), jnp.asarray(blocks))
+  plan = registry.VERIFIERS.get(name).plan(jnp.asarray(ps), jnp.asarray(qs), jnp.asarray(blocks))
   stop = np.asarray(common.stop_distribution(plan), np.float64)
   return float(np.sum(weights[:, None] * stop * np.arange(gamma + 1)))
 
@@ -178,8 +178,8 @@ def test_sampled_verification_follows_its_plan(name):
   p = jnp.asarray(np.repeat(ps[:1], n, 0))
   q = jnp.asarray(np.repeat(qs[:1], n, 0))
   x = jnp.asarray(np.repeat(blocks[:1], n, 0))
-  accepted, nxt = verify.get(name)(p, q, x, jax.random.key(0))
-  plan = verify.PLANS[name](p[:1], q[:1], x[:1])
+  accepted, nxt = registry.VERIFIERS.get(name).verify(p, q, x, jax.random.key(0))
+  plan = registry.VERIFIERS.get(name).plan(p[:1], q[:1], x[:1])
   law = (
     np.asarray(common.stop_distribution(plan), np.float64)[0][:, None]
     * np.asarray(plan.residuals, np.float64)[0]
@@ -194,4 +194,4 @@ def test_sampled_verification_follows_its_plan(name):
 
 def test_unknown_verifier_lists_the_known_ones():
   with pytest.raises(ValueError, match=r"unknown verifier 'magic'.*block.*greedy.*rejection"):
-    verify.get('magic')
+    registry.VERIFIERS.get('magic')

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.control import cost_model
+
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveConfig:
@@ -35,7 +37,7 @@ class AdaptiveConfig:
 
   gammas: the speculative draft lengths compiled into the loop; 0 is always added.
   draft_cost, verify_cost: per gamma, in units of one plain target step (measured with
-    `specjax.control.costs.measure`); the defaults describe a free draft.
+    `specjax.bench.costs.measure`); the defaults describe a free draft.
   """
 
   gammas: tuple[int, ...] = (1, 2, 4)
@@ -79,7 +81,7 @@ class AdaptiveConfig:
 
   @classmethod
   def from_costs(cls, costs, gammas=None, **kwargs) -> AdaptiveConfig:
-    """Settings with the measured `costs` (a specjax.control.costs.Costs)."""
+    """Settings with the measured `costs` (a specjax.control.cost_model.Costs)."""
     gammas = tuple(gammas or sorted(costs.draft_ms))
     units = [costs.units(g) for g in gammas]
     return cls(
@@ -120,10 +122,9 @@ def alpha(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
 def predicted(config: AdaptiveConfig, a: jax.Array) -> jax.Array:
   """Predicted speedup per choice (choice 0, plain decoding, is 1)."""
   g = jnp.asarray(config.gammas, jnp.float32)
-  a = jnp.clip(a, 0.0, 1.0 - 1e-6)
-  tokens = (1 - a ** (g + 1)) / (1 - a)
-  cost = jnp.asarray(config.draft_cost) + jnp.asarray(config.verify_cost)
-  return jnp.concatenate([jnp.ones((1,)), tokens / cost])
+  tokens = cost_model.expected_tokens(a, g, xp=jnp)
+  draft, verify = jnp.asarray(config.draft_cost), jnp.asarray(config.verify_cost)
+  return jnp.concatenate([jnp.ones((1,)), cost_model.speedup(tokens, draft, verify)])
 
 
 def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Array:

@@ -12,25 +12,71 @@ tokens (the verifier always adds one). It costs the draft's gamma proposals plus
     cost(gamma) = draft(gamma) + verify(gamma),  with draft(gamma) ~= gamma * c,
 
 so the predicted speedup over autoregressive decoding (one token per unit cost) is
-E / cost. Plain decoding is gamma = 0: E = 1, cost = 1. Everything here is plain
-Python / NumPy and works elementwise on arrays; the jitted controller has its own jnp
-copy of the same two formulas (`specjax/control/adaptive.py`).
+E / cost. Plain decoding is gamma = 0: E = 1, cost = 1. Everything here works
+elementwise on NumPy arrays; the jitted controller (`specjax/control/adaptive.py`) calls
+the same functions with xp=jax.numpy, and layer-skip calibration with simulated tokens
+per call. `Costs` holds the measured pieces (specjax/bench/costs.py measures them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
 
 
-def expected_tokens(alpha, gamma):
-  """Mean tokens emitted per iteration: (1 - alpha^(gamma+1)) / (1 - alpha)."""
-  alpha = np.clip(np.asarray(alpha, np.float64), 0.0, 1.0)
-  gamma = np.asarray(gamma)
-  near_one = alpha > 1 - 1e-9
-  safe = np.where(near_one, 0.5, alpha)
-  return np.where(near_one, gamma + 1.0, (1 - safe ** (gamma + 1)) / (1 - safe))
+@dataclasses.dataclass(frozen=True)
+class Costs:
+  """Milliseconds per piece, measured at one batch size and cache size."""
+
+  batch: int
+  cache_size: int
+  target_ms: float  # one plain step: a 1-token target forward per row
+  draft_ms: dict[int, float]  # gamma -> proposing gamma tokens
+  verify_ms: dict[int, float]  # gamma -> one (gamma + 1)-token target forward
+
+  def units(self, gamma: int) -> tuple[float, float]:
+    """(draft cost, verify cost) of gamma in units of a plain target step."""
+    if gamma == 0:
+      return 0.0, 1.0
+    return self.draft_ms[gamma] / self.target_ms, self.verify_ms[gamma] / self.target_ms
+
+  def table(self) -> dict[int, tuple[float, float]]:
+    return {0: (0.0, 1.0), **{g: self.units(g) for g in sorted(self.draft_ms)}}
+
+  @property
+  def c(self) -> float:
+    """Draft cost per drafted token over the target step's, at the largest gamma measured."""
+    g = max(self.draft_ms)
+    return self.draft_ms[g] / g / self.target_ms
+
+  def to_json(self) -> dict:
+    return {
+      'batch': self.batch,
+      'cache_size': self.cache_size,
+      'target_ms': self.target_ms,
+      'draft_ms': {str(g): v for g, v in self.draft_ms.items()},
+      'verify_ms': {str(g): v for g, v in self.verify_ms.items()},
+      'c': self.c,
+    }
+
+
+def expected_tokens(alpha, gamma, xp=np):
+  """Mean tokens emitted per iteration: (1 - alpha^(gamma+1)) / (1 - alpha).
+
+  Elementwise over arrays; `xp` is the array module (jax.numpy inside jitted code).
+  """
+  alpha = xp.clip(xp.asarray(alpha, xp.float64 if xp is np else xp.float32), 0.0, 1.0)
+  gamma = xp.asarray(gamma)
+  near_one = alpha >= 1 - 1e-6
+  safe = xp.where(near_one, 0.5, alpha)
+  return xp.where(near_one, gamma + 1.0, (1 - safe ** (gamma + 1)) / (1 - safe))
+
+
+def speedup(tokens, draft_cost, verify_cost):
+  """Tokens per iteration over its cost in target steps: the one speedup formula."""
+  return tokens / (draft_cost + verify_cost)
 
 
 def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
@@ -58,8 +104,7 @@ def predicted_speedup(
     return np.ones_like(np.asarray(alpha, np.float64))
   f = verified_fraction
   tokens = f * expected_tokens(alpha, gamma) + (1 - f)
-  cost = draft_cost + f * verify_cost + (1 - f) * 1.0
-  return tokens / cost
+  return speedup(tokens, draft_cost, f * verify_cost + (1 - f) * 1.0)
 
 
 def best_gamma(alpha: float, costs: Mapping[int, tuple[float, float]]) -> tuple[int, float]:

@@ -15,13 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import registry
 from specjax.control import adaptive as adaptive_lib
 from specjax.control.adaptive import AdaptiveConfig
+from specjax.core.contract import Drafter
+from specjax.core.sampling import SamplingConfig
 from specjax.decode import loop
+from specjax.decode import prefill as prefill_lib
 from specjax.decode.loop import Method
-from specjax.decode.sampling import SamplingConfig
-from specjax.drafters.base import Drafter
-from specjax.models import llama
 from specjax.models import sharding as sharding_lib
 
 
@@ -82,7 +83,7 @@ class Engine:
 
   Args:
     params: parameter tree (numpy or jax arrays) matching `cfg`.
-    cfg: the model's LlamaConfig.
+    cfg: the model's config (its `family` is the model contract).
     eos_id: the token that ends a row (-1 for none).
     cache_size: the most KV slots a row may use: prompt + new tokens must fit. Each
       batch allocates only the smallest bucket that fits it.
@@ -95,7 +96,7 @@ class Engine:
   def __init__(
     self,
     params,
-    cfg: llama.LlamaConfig,
+    cfg,
     *,
     eos_id: int,
     cache_size: int = 1024,
@@ -109,7 +110,7 @@ class Engine:
       raise ValueError(f'cache_size must be positive, got {cache_size}')
     if cache_size > cfg.max_seq_len:
       raise ValueError(f'cache_size {cache_size} exceeds the model context {cfg.max_seq_len}')
-    llama.check_params(cfg, params)
+    cfg.family.check_params(cfg, params)
     self.cfg, self.eos_id, self.cache_size, self.mesh, self.pad_id = (
       cfg,
       eos_id,
@@ -124,7 +125,7 @@ class Engine:
     )
     if drafter is not None and drafter.vocab_size != cfg.vocab_size:
       raise ValueError(
-        f'the drafter ({drafter.describe()}) has a vocabulary of '
+        f'the drafter ({drafter.name}) has a vocabulary of '
         f'{drafter.vocab_size} tokens but the target ({cfg.name}) has '
         f'{cfg.vocab_size}: draft and target must share one vocabulary'
       )
@@ -140,7 +141,7 @@ class Engine:
       functools.partial(sharding_lib.constrain_cache, mesh=mesh) if mesh is not None else None
     )
     self._prefill = jax.jit(
-      functools.partial(loop.prefill, constrain_cache=constrain, pad_id=pad_id),
+      functools.partial(prefill_lib.prefill, constrain_cache=constrain, pad_id=pad_id),
       static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
     )
     self._decode = jax.jit(
@@ -155,11 +156,18 @@ class Engine:
     """Forgets what adaptive control learned: the next batch starts from the prior."""
     self._control.clear()
 
+  def next_logits(self, context: Sequence[int]) -> np.ndarray:
+    """The target's float32 logits [V] after `context`: one full forward, no cache reuse."""
+    model = self.cfg.family
+    cache = model.init_cache(self.cfg, 1, len(context), self.params['embed'].dtype)
+    logits, _ = model.forward(self.params, jnp.asarray([list(context)]), cache, self.cfg)
+    return np.asarray(logits[0, -1])
+
   def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]):
     """Validates and pads a batch.
 
-    Returns (tokens[B, P], lengths[B], max_new[B], out_len, slots): P is the prompt
-    bucket, out_len the output buffer, and slots the cache size this batch gets: the
+    Returns (tokens[B, P], lengths[B], max_new[B], out_len, cache_size): P is the prompt
+    bucket, out_len the output buffer, and cache_size the slots this batch gets: the
     smallest bucket that holds its longest row (attention reads every slot, so a
     short batch should not pay for the engine's full cache_size). No slots are reserved
     for verification: see specjax/decode/loop.py.
@@ -181,13 +189,13 @@ class Engine:
       ids = np.asarray(p)
       if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
         raise ValueError(f'prompt {i} has token ids outside [0, {self.cfg.vocab_size})')
-    slots = bucket_for(int((lengths + max_new).max()), self.buckets)
-    width = min(bucket_for(int(lengths.max()), self.buckets), slots)
+    cache_size = bucket_for(int((lengths + max_new).max()), self.buckets)
+    width = min(bucket_for(int(lengths.max()), self.buckets), cache_size)
     tokens = np.full((len(prompts), width), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
       tokens[i, : len(p)] = p
     out_len = bucket_for(int(max_new.max()), default_buckets(1 << 30))
-    return tokens, lengths.astype(np.int32), max_new.astype(np.int32), out_len, slots
+    return tokens, lengths.astype(np.int32), max_new.astype(np.int32), out_len, cache_size
 
   def _put(self, x: np.ndarray) -> jax.Array:
     if self.mesh is None:
@@ -214,9 +222,9 @@ class Engine:
         f'gamma={gamma} is too large for cache_size {self.cache_size}: '
         f'verification needs gamma + 1 slots and room for the prompt'
       )
-    if verifier == 'greedy' and not sampling.greedy:
+    if registry.VERIFIERS.get(verifier).greedy_only and not sampling.greedy:
       raise ValueError(
-        f'the greedy verifier is only lossless for greedy decoding, not at '
+        f'the {verifier} verifier is only lossless for greedy decoding, not at '
         f'temperature {sampling.temperature}: use rejection or block'
       )
     drafter = self.drafter if gamma else None
@@ -248,20 +256,20 @@ class Engine:
     out of the prefill and decode timings.
     """
     method = self.method(gamma, verifier, sampling, adaptive)
-    tokens, lengths, max_new, out_len, slots = self.prepare(prompts, max_new_tokens)
-    shape_key = (tokens.shape, out_len, slots, sampling, method)
+    tokens, lengths, max_new, out_len, cache_size = self.prepare(prompts, max_new_tokens)
+    shape_key = (tokens.shape, out_len, cache_size, sampling, method)
     compile_seconds = 0.0
     if shape_key not in self._warm:
       start = time.perf_counter()
-      self._run(tokens, lengths, np.ones_like(max_new), out_len, slots, sampling, seed, method)
+      self._run(tokens, lengths, np.ones_like(max_new), out_len, cache_size, sampling, seed, method)
       compile_seconds = time.perf_counter() - start
       self._warm.add(shape_key)
-    out = self._run(tokens, lengths, max_new, out_len, slots, sampling, seed, method)
+    out = self._run(tokens, lengths, max_new, out_len, cache_size, sampling, seed, method)
     out.compile_seconds = compile_seconds
     return out
 
   def _run(
-    self, tokens, lengths, max_new, out_len, slots, sampling, seed, method
+    self, tokens, lengths, max_new, out_len, cache_size, sampling, seed, method
   ) -> GenerationOutput:
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
@@ -279,7 +287,7 @@ class Engine:
       method=method,
       sampling=sampling,
       eos_id=self.eos_id,
-      cache_size=slots,
+      cache_size=cache_size,
       out_len=out_len,
     )
     jax.block_until_ready(state)
@@ -292,14 +300,14 @@ class Engine:
         state.tokens,
         state.num_generated,
         state.step,
-        state.extra['accepted'],
-        state.extra['drafted'],
+        state.spec.accepted,
+        state.spec.drafted,
       )
     )
     end = time.perf_counter()
     switches = 0
     if method.adaptive is not None:
-      final = jax.device_get(state.extra['control'])
+      final = jax.device_get(state.spec.control)
       switches = int(final.switches) - int(control.switches)
       if max_new.max() > 1:  # not the warm-up run
         self._control[(method, sampling)] = final

@@ -1,6 +1,6 @@
 """Drafters: everything that proposes tokens for the target to verify."""
 
-from specjax.drafters.base import Drafter
+from specjax.core.contract import Drafter
 from specjax.drafters.consensus import ConsensusDrafter
 from specjax.drafters.model import ModelDrafter, truncated_target
 from specjax.drafters.ngram import NgramDrafter

@@ -2,7 +2,8 @@
 
 When N samples of one prompt are decoded as one batch (self-consistency, best-of-N),
 the paths tend to say the same things, often at different offsets. Rows come in groups
-of `group` consecutive rows sharing a prompt. Each row drafts from its group:
+of `group` consecutive rows sharing a prompt (shape letter M: the rows of a group;
+C: candidates). Each row drafts from its group:
 
   1. its last k tokens are matched against every other row of the group, at every
      position whose continuation is that row's generated text, allowing up to
@@ -33,6 +34,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.core.contract import DraftKind
 from specjax.drafters.ngram import LookupDrafter, context, lookup
 
 
@@ -56,20 +58,20 @@ def group_candidates(
     gamma: the most continuation tokens wanted.
 
   Returns:
-    (end[B, G] the match's last position in row (b's group, g), -1 if none or g is b
-     itself; mismatches[B, G]).
+    (end[B, M] the match's last position in row (b's group, g), -1 if none or g is b
+     itself; mismatches[B, M]).
   """
   b, s = ctx.shape
-  others = jnp.repeat(ctx.reshape(b // group, group, s), group, axis=0)  # [B, G, S]
-  other_len = jnp.repeat(length.reshape(-1, group), group, axis=0)  # [B, G]
-  other_prompt = jnp.repeat(prompt_lens.reshape(-1, group), group, axis=0)  # [B, G]
+  others = jnp.repeat(ctx.reshape(b // group, group, s), group, axis=0)  # [B, M, S]
+  other_len = jnp.repeat(length.reshape(-1, group), group, axis=0)  # [B, M]
+  other_prompt = jnp.repeat(prompt_lens.reshape(-1, group), group, axis=0)  # [B, M]
   pattern = jnp.take_along_axis(ctx, jnp.maximum(length[:, None] - k + jnp.arange(k), 0), 1)
   ends = jnp.arange(s)
   mismatches = jnp.zeros((b, group, s), jnp.int32)
   for i in range(k):  # others[..., j - i] against pattern[k - 1 - i] for every end j
     shifted = jnp.roll(others, i, axis=2)
     mismatches += (shifted != pattern[:, None, k - 1 - i : k - i]).astype(jnp.int32)
-  avail = jnp.minimum(other_len[..., None] - 1 - ends, gamma)  # [B, G, S] tokens after j
+  avail = jnp.minimum(other_len[..., None] - 1 - ends, gamma)  # [B, M, S] tokens after j
   ok = (
     (mismatches <= max_mismatches)
     & (ends >= k - 1)
@@ -77,10 +79,10 @@ def group_candidates(
     & (ends + 1 >= other_prompt[..., None])
     & (length[:, None, None] >= k)
   )
-  itself = (jnp.arange(b) % group)[:, None] == jnp.arange(group)[None]  # [B, G]
+  itself = (jnp.arange(b) % group)[:, None] == jnp.arange(group)[None]  # [B, M]
   ok &= ~itself[..., None]
   score = ((max_mismatches - mismatches) * (gamma + 1) + avail) * s + ends
-  best = jnp.argmax(jnp.where(ok, score, -1), axis=2)  # [B, G]
+  best = jnp.argmax(jnp.where(ok, score, -1), axis=2)  # [B, M]
   found = jnp.any(ok, axis=2)
   mism = jnp.take_along_axis(mismatches, best[..., None], 2)[..., 0]
   return jnp.where(found, best, -1), jnp.where(found, mism, 0)
@@ -217,7 +219,7 @@ class ConsensusDrafter(LookupDrafter):
   def candidates(self, ctx, length, prompt_lens, gamma):
     """([B, C, gamma] candidate continuations, [B, C, gamma] valid, [B, C] weights).
 
-    Candidates 0..G-1 are the rows of the group (none for the row itself); candidate G
+    Candidates 0..M-1 are the rows of the group (none for the row itself); candidate M
     is the row's own-context lookup.
     """
     b, s = ctx.shape
@@ -225,7 +227,7 @@ class ConsensusDrafter(LookupDrafter):
       ctx, length, prompt_lens, self.group, self.k, self.max_mismatches, gamma
     )
     others = jnp.repeat(ctx.reshape(b // self.group, self.group, s), self.group, axis=0)
-    positions = end[..., None] + 1 + jnp.arange(gamma)  # [B, G, K]
+    positions = end[..., None] + 1 + jnp.arange(gamma)  # [B, M, K]
     cand = jnp.take_along_axis(others, jnp.clip(positions, 0, s - 1), 2)
     valid = (end[..., None] >= 0) & (positions < s) & (cand >= 0)
     weight = jnp.where(end >= 0, 1.0 / (1.0 + mism), 0.0)
@@ -250,26 +252,30 @@ class ConsensusDrafter(LookupDrafter):
     return self.deterministic(tokens, supported[:, 0], draft_state)
 
 
-def parse_spec(spec: str, vocab: int) -> ConsensusDrafter:
-  """'consensus:8' or 'consensus:8,k=4,m=1,n=3,w=0.75' -> a ConsensusDrafter."""
-  fields = {
-    'k': ('k', int),
-    'm': ('max_mismatches', int),
-    'n': ('n_max', int),
-    'w': ('self_weight', float),
-    'q': ('proposal', str),
-  }
-  usage = (
-    f'draft {spec!r}: expected consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>,q=mode|sample]'
-  )
-  head, *rest = spec.split(':', 1)[1].split(',')
-  kwargs = {}
+CONSENSUS_USAGE = 'consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>,q=mode|sample]'
+_OPTIONS = {
+  'k': ('k', int),
+  'm': ('max_mismatches', int),
+  'n': ('n_max', int),
+  'w': ('self_weight', float),
+  'q': ('proposal', str),
+}
+
+
+def _parse(spec) -> dict:
+  """'consensus:8' or 'consensus:8,k=4,m=1,n=3,w=0.75' -> ConsensusDrafter settings."""
+  if len(spec.args) != 1 or not spec.args[0].isdigit():
+    raise spec.error(CONSENSUS_USAGE)
+  settings = {'group': int(spec.args[0]), **spec.option_dict(_OPTIONS, CONSENSUS_USAGE)}
   try:
-    group = int(head)
-    for item in rest:
-      key, _, value = item.partition('=')
-      name, kind = fields[key.strip()]
-      kwargs[name] = kind(value)
-  except (ValueError, KeyError):
-    raise ValueError(usage) from None
-  return ConsensusDrafter(vocab, group=group, **kwargs)
+    ConsensusDrafter(1, **settings)  # the settings' own checks, before any model loads
+  except ValueError as e:
+    raise ValueError(f'draft {spec.text!r}: {e}') from None
+  return settings
+
+
+CONSENSUS = DraftKind(
+  usage=CONSENSUS_USAGE,
+  parse=_parse,
+  build=lambda settings, target, dtype: (ConsensusDrafter(target.cfg.vocab_size, **settings), None),
+)

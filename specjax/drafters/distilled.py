@@ -13,31 +13,26 @@ Its distribution over the full vocabulary is the subset's softmax with q = 0 eve
 else. Verification only needs q over the full vocabulary, so speculative decoding stays
 lossless: tokens the draft cannot propose are simply never proposed.
 
-On disk (`save_draft` / `load_draft_dir`) a draft is a folder with draft.json (config,
-target, training notes) and draft.safetensors (everything but the shared embedding, in
-float16 to keep it small); the target's embedding is attached at load time.
+On disk a draft is a folder (specjax/checkpoints/draft_dir.py); the draft spec
+`distilled` is the one that ships with specjax, `distilled:DIR` (or DIR) one saved by
+`python -m specjax.train_draft`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pathlib
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decode import sampling as sampling_lib
+from specjax.checkpoints import draft_dir
+from specjax.core import sampling as sampling_lib
+from specjax.core.contract import DraftKind
 from specjax.drafters.model import ModelDrafter
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
-
-CONFIG_FILE = 'draft.json'
-WEIGHTS_FILE = 'draft.safetensors'
-TRAINED = ('layers', 'final_norm', 'head')  # the parameter groups distillation updates
 
 
 def init_from_target(
@@ -80,7 +75,7 @@ def init_from_target(
 
 def subset_logits(params, tokens: jax.Array, cache: KVCache, cfg: llama.LlamaConfig):
   """tokens[B, T] -> (float32 logits [B, T, K] over the draft vocabulary, cache)."""
-  x, cache = llama.forward_hidden(params, tokens, cache, cfg)
+  x, cache = cfg.family.forward_hidden(params, tokens, cache, cfg)
   return (x @ params['head']).astype(jnp.float32), cache
 
 
@@ -100,7 +95,7 @@ class DistilledDrafter(ModelDrafter):
   size of the distributions handed to the verifier.
   """
 
-  label: str = 'distilled draft'
+  name: str = 'distilled draft'
 
   def _forward(self, params, tokens, cache):
     return subset_logits(params, tokens, cache, self.cfg)  # [B, T, K]: the draft vocabulary
@@ -120,103 +115,32 @@ class DistilledDrafter(ModelDrafter):
     return jnp.stack(tokens, 1), jnp.stack(dists, 1), draft_state.replace(cache=cache)
 
 
-def save_draft(
-  directory: str | os.PathLike,
-  cfg: llama.LlamaConfig,
-  params,
-  info: dict[str, Any] | None = None,
-  dtype=np.float16,
-) -> pathlib.Path:
-  """Writes draft.json and draft.safetensors (all but the shared embedding) to `directory`."""
-  import safetensors.numpy
-
-  directory = pathlib.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  tensors = {
-    'final_norm': np.asarray(params['final_norm'], dtype),
-    'head': np.asarray(params['head'], dtype),
-    'vocab_ids': np.asarray(params['vocab_ids'], np.int32),
-  }
-  for i, layer in enumerate(params['layers']):
-    for name, w in layer.items():
-      tensors[f'layers.{i}.{name}'] = np.ascontiguousarray(np.asarray(w, dtype))
-  tmp = directory / (WEIGHTS_FILE + '.tmp')
-  safetensors.numpy.save_file(tensors, tmp)
-  os.replace(tmp, directory / WEIGHTS_FILE)
-  meta = {'config': dataclasses.asdict(cfg), 'info': info or {}}
-  (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + '\n')
-  return directory
+SHIPPED = os.path.join(
+  os.path.dirname(os.path.dirname(__file__)), 'drafts', 'smollm2-135m-instruct'
+)
+DISTILLED_USAGE = 'distilled (the draft shipped for SmolLM2-135M-Instruct) or distilled:<directory>'
 
 
-def is_draft_dir(path: str | os.PathLike) -> bool:
-  return (pathlib.Path(path) / CONFIG_FILE).is_file()
-
-
-def load_draft_dir(directory: str | os.PathLike, target_embed, dtype=np.float32):
-  """(cfg, params, info) of a saved draft, its input embedding set to `target_embed`."""
-  import safetensors.numpy
-
-  directory = pathlib.Path(directory)
-  meta = json.loads((directory / CONFIG_FILE).read_text())
-  cfg = llama.LlamaConfig(**meta['config'])
-  tensors = safetensors.numpy.load_file(directory / WEIGHTS_FILE)
-  if tuple(np.shape(target_embed)) != (cfg.vocab_size, cfg.d_model):
+def _parse(spec) -> str:
+  """The draft directory of 'distilled', 'distilled:DIR' or a bare DIR with a draft.json."""
+  if spec.options or len(spec.args) > 1:
+    raise spec.error(DISTILLED_USAGE)
+  path = SHIPPED if spec.kind == 'distilled' and not spec.args else (spec.args or [spec.text])[0]
+  if not draft_dir.is_draft_dir(path):
     raise ValueError(
-      f'draft {directory} needs a target embedding of shape '
-      f'{(cfg.vocab_size, cfg.d_model)}, got {tuple(np.shape(target_embed))}'
+      f'draft {spec.text!r}: no distilled draft at {path} (no {draft_dir.CONFIG_FILE}; '
+      f'train one with python -m specjax.train_draft)'
     )
-  layers = [{} for _ in range(cfg.n_layers)]
-  for name, w in tensors.items():
-    if name.startswith('layers.'):
-      _, i, key = name.split('.')
-      layers[int(i)][key] = w.astype(dtype)
-  params = {
-    'embed': np.asarray(target_embed, dtype),
-    'layers': layers,
-    'final_norm': tensors['final_norm'].astype(dtype),
-    'head': tensors['head'].astype(dtype),
-    'vocab_ids': tensors['vocab_ids'],
-  }
-  shapes = cfg.param_shapes()
-  for i, layer in enumerate(layers):
-    for key, shape in shapes['layers'][i].items():
-      if layer.get(key) is None or layer[key].shape != shape:
-        raise ValueError(f'draft {directory}: layers.{i}.{key} missing or not of shape {shape}')
-  if params['head'].shape != (cfg.d_model, len(params['vocab_ids'])):
-    raise ValueError(
-      f'draft {directory}: head shape {params["head"].shape} does not match '
-      f'{len(params["vocab_ids"])} vocabulary ids'
-    )
-  return cfg, params, meta.get('info', {})
+  return path
 
 
-def full_vocab_model(cfg: llama.LlamaConfig, params):
-  """(cfg, params) of an ordinary untied Llama with the same greedy choices, for export.
-
-  Columns outside the draft vocabulary are zero, so those tokens score 0: the exported
-  model's argmax is the draft's whenever the draft's best logit is positive (it nearly
-  always is). Sampling from it is not the same distribution.
-  """
-  head = np.zeros((cfg.d_model, cfg.vocab_size), np.float32)
-  head[:, np.asarray(params['vocab_ids'])] = np.asarray(params['head'], np.float32)
-  out_cfg = dataclasses.replace(cfg, tie_embeddings=False)
-  out = {
-    'embed': np.asarray(params['embed'], np.float32),
-    'layers': [
-      {k: np.asarray(v, np.float32) for k, v in layer.items()} for layer in params['layers']
-    ],
-    'final_norm': np.asarray(params['final_norm'], np.float32),
-    'lm_head': head,
-  }
-  return out_cfg, out
+def _build(path, target, dtype):
+  """A reduced-vocabulary distilled draft, sharing the target's input embeddings."""
+  cfg, params, _ = draft_dir.load_draft_dir(
+    path, target.params['embed'], np.asarray(target.params['embed']).dtype
+  )
+  name = f'distilled draft ({cfg.n_layers} layers, {len(params["vocab_ids"])}-token head)'
+  return DistilledDrafter(cfg, name=name), params
 
 
-def export_hf(
-  directory: str | os.PathLike, cfg: llama.LlamaConfig, params, tokenizer: Any = None
-) -> pathlib.Path:
-  """Writes the draft as a Hugging Face LlamaForCausalLM directory (see full_vocab_model),
-  usable as transformers' `assistant_model` for the same target."""
-  from specjax.checkpoints import hf
-
-  out_cfg, out_params = full_vocab_model(cfg, params)
-  return hf.export_hf(directory, out_cfg, out_params, tokenizer)
+DISTILLED = DraftKind(usage=DISTILLED_USAGE, parse=_parse, build=_build)

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.decode import sampling as sampling_lib
-from specjax.drafters.base import Drafter
+from specjax.checkpoints import loader
+from specjax.core import sampling as sampling_lib
+from specjax.core.contract import Drafter, DraftKind
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
@@ -45,7 +46,7 @@ def last_two_tokens(draft_state: ModelDraftState, state) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter(Drafter):
-  """Drafts with a Llama-family model `cfg` (params passed separately).
+  """Drafts with a model `cfg` of any family (params passed separately).
 
   `layers`, if set, runs only those layers of the model: with the target's own
   parameters that is self-speculative decoding by layer skipping (Draft & Verify,
@@ -53,7 +54,7 @@ class ModelDrafter(Drafter):
   """
 
   cfg: llama.LlamaConfig
-  label: str = 'draft model'
+  name: str = 'draft model'
   layers: tuple[int, ...] | None = None
   resync: int = 0  # the most skipped tokens a proposal catches up on (0: never behind)
 
@@ -68,18 +69,15 @@ class ModelDrafter(Drafter):
       )
 
   @property
-  def name(self) -> str:
-    return self.label
-
-  @property
   def vocab_size(self) -> int:
     return self.cfg.vocab_size
 
   def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
-    cache = KVCache.init(self.cfg, prompt_tokens.shape[0], cache_size, params['embed'].dtype)
+    model = self.cfg.family
+    cache = model.init_cache(self.cfg, prompt_tokens.shape[0], cache_size, params['embed'].dtype)
     if constrain is not None:
       cache = constrain(cache)
-    _, cache = llama.forward_hidden(params, prompt_tokens, cache, self.cfg, self.layers)
+    _, cache = model.forward_hidden(params, prompt_tokens, cache, self.cfg, self.layers)
     last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     return ModelDraftState(cache=cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
 
@@ -88,7 +86,7 @@ class ModelDrafter(Drafter):
 
   def _forward(self, params, tokens, cache):
     """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
-    return llama.forward(params, tokens, cache, self.cfg, self.layers)
+    return self.cfg.family.forward(params, tokens, cache, self.cfg, self.layers)
 
   def _catch_up(self, params, draft_state, state, window: int):
     """Feeds (window + 2) tokens from the filled length on; returns (last logits, cache)."""
@@ -162,8 +160,8 @@ def truncated_target(cfg: llama.LlamaConfig, params, num_layers: int):
   return draft_cfg, draft_params
 
 
-def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
-  """'0-11,20-29' -> (0, 1, ..., 11, 20, ..., 29), checked against n_layers."""
+def parse_layers(text: str, n_layers: int | None = None) -> tuple[int, ...]:
+  """'0-11,20-29' -> (0, 1, ..., 11, 20, ..., 29), checked against n_layers when given."""
   layers = []
   try:
     for part in text.split(','):
@@ -171,6 +169,74 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
       layers += range(int(lo), int(hi or lo) + 1)
   except ValueError:
     raise ValueError(f'layer list {text!r}: expected ranges like 0-11,20-29') from None
-  if not layers or min(layers) < 0 or max(layers) >= n_layers or len(set(layers)) != len(layers):
+  if not layers or min(layers) < 0 or len(set(layers)) != len(layers):
+    raise ValueError(f'layer list {text!r}: expected distinct layers >= 0')
+  if n_layers is not None and max(layers) >= n_layers:
     raise ValueError(f'layer list {text!r}: expected distinct layers in [0, {n_layers})')
   return tuple(sorted(layers))
+
+
+def _parse_layers(spec) -> tuple[str, tuple[int, ...]]:
+  if spec.options or not spec.args:
+    raise spec.error(LAYERS.usage)
+  text = ','.join(spec.args)
+  try:
+    return text, parse_layers(text)
+  except ValueError as e:
+    raise ValueError(f'draft {spec.text!r}: {e}') from None
+
+
+def _build_layers(settings, target, dtype):
+  text, _ = settings
+  layers = parse_layers(text, target.cfg.n_layers)
+  name = f'target with {len(layers)} of {target.cfg.n_layers} layers ({text})'
+  return ModelDrafter(target.cfg, name=name, layers=layers), target.params
+
+
+def _parse_truncated(spec) -> int:
+  if spec.options or len(spec.args) != 1 or not spec.args[0].isdigit():
+    raise spec.error(TRUNCATED.usage)
+  return int(spec.args[0])
+
+
+def _build_truncated(num_layers, target, dtype):
+  cfg, params = truncated_target(target.cfg, target.params, num_layers)
+  return ModelDrafter(cfg, name=f'target truncated to {num_layers} layers (untrained)'), params
+
+
+def _parse_model(spec) -> str:
+  text = spec.args[0] if spec.kind == 'model' and len(spec.args) == 1 else spec.text
+  loader.check_model_spec(text)
+  return text
+
+
+def _build_model(text, target, dtype):
+  """Any model with the target's vocabulary and tokenizer, as an independent draft."""
+  draft = loader.load_model(text, dtype)
+  if draft.cfg.vocab_size != target.cfg.vocab_size:
+    raise ValueError(
+      f'draft {text!r} has a vocabulary of {draft.cfg.vocab_size} tokens but the '
+      f'target {target.source!r} has {target.cfg.vocab_size}: they must share one'
+    )
+  probe = 'Hello, world! def f(x): return x ** 2  # 12345'
+  if draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
+    raise ValueError(
+      f'draft {text!r} tokenizes text differently from the target '
+      f'{target.source!r}: they must share one tokenizer'
+    )
+  return ModelDrafter(draft.cfg, name=f'draft model {text}'), draft.params
+
+
+LAYERS = DraftKind(
+  usage='layers:<ranges of the target layers to run, e.g. 0-11,20-29>',
+  parse=_parse_layers,
+  build=_build_layers,
+)
+TRUNCATED = DraftKind(
+  usage='truncated:<number of layers>', parse=_parse_truncated, build=_build_truncated
+)
+MODEL = DraftKind(
+  usage='a model spec (an asset name, a .gguf file or a Hugging Face directory)',
+  parse=_parse_model,
+  build=_build_model,
+)

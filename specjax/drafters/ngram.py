@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import Drafter
+from specjax.core.contract import Drafter, DraftKind
 
 
 @struct.dataclass
@@ -73,7 +73,7 @@ class LookupDrafter(Drafter):
   proposals, and a plain step when no row of the batch found anything."""
 
   vocab: int
-  skip_when_empty: bool = dataclasses.field(default=True, kw_only=True)
+  skip_when_empty = True  # a class attribute: the Drafter hook, not a field
 
   @property
   def vocab_size(self) -> int:
@@ -114,7 +114,7 @@ class NgramDrafter(LookupDrafter):
 
   @property
   def name(self) -> str:
-    return f'ngram(n={self.n_min}..{self.n_max})'
+    return f'prompt lookup ngram(n={self.n_min}..{self.n_max})'
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ctx, length = context(draft_state, state)
@@ -122,3 +122,28 @@ class NgramDrafter(LookupDrafter):
     positions = end[:, None] + 1 + jnp.arange(gamma)
     positions = jnp.minimum(positions, length[:, None] - 1)  # repeat the last known token
     return self.deterministic(jnp.take_along_axis(ctx, positions, axis=1), end >= 0, draft_state)
+
+
+def _parse(spec) -> tuple[int, int]:
+  """ngram (n-grams of 3 down to 1 tokens), ngram:N (N down to 1), ngram:M-N (N down to M)."""
+  if spec.options or len(spec.args) > 1:
+    raise spec.error(NGRAM_USAGE)
+  try:
+    lo, _, hi = spec.args[0].rpartition('-') if spec.args else ('', '', '3')
+    n_min, n_max = int(lo or 1), int(hi)
+  except ValueError:
+    raise spec.error(NGRAM_USAGE) from None
+  if not 1 <= n_min <= n_max:
+    raise spec.error(NGRAM_USAGE + ' with 1 <= shortest <= longest')
+  return n_min, n_max
+
+
+NGRAM_USAGE = 'ngram:<longest n-gram> or ngram:<shortest>-<longest> (ngram alone: 3 down to 1)'
+NGRAM = DraftKind(
+  usage=NGRAM_USAGE,
+  parse=_parse,
+  build=lambda n, target, dtype: (
+    NgramDrafter(target.cfg.vocab_size, n_max=n[1], n_min=n[0]),
+    None,
+  ),
+)

@@ -22,7 +22,7 @@ class KVCache:
   lengths: jax.Array  # [B] int32
 
   @property
-  def size(self) -> int:
+  def cache_size(self) -> int:
     """S, the number of slots per row."""
     return self.k[0].shape[2]
 
@@ -31,11 +31,13 @@ class KVCache:
     return self.lengths.shape[0]
 
   @classmethod
-  def init(cls, cfg, batch: int, size: int, dtype=jnp.float32) -> KVCache:
-    """An empty cache for `cfg` (a LlamaConfig) with `size` slots per row."""
-    if size <= 0 or batch <= 0:
-      raise ValueError(f'KVCache needs a positive batch and size, got batch={batch}, size={size}')
-    shape = (batch, cfg.n_kv_heads, size, cfg.head_dim)
+  def init(cls, cfg, batch: int, cache_size: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache for `cfg` (a LlamaConfig) with `cache_size` slots per row."""
+    if cache_size <= 0 or batch <= 0:
+      raise ValueError(
+        f'KVCache needs a positive batch and cache_size, got batch={batch}, cache_size={cache_size}'
+      )
+    shape = (batch, cfg.n_kv_heads, cache_size, cfg.head_dim)
     return cls(
       k=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],
       v=[jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)],

@@ -1,6 +1,7 @@
-"""A Llama-family decoder as pure functions over a plain parameter pytree.
+"""The Llama family: a decoder as pure functions over a plain parameter pytree.
 
-The one model contract of specjax, shared by drafts and targets:
+It implements the model contract (specjax/core/contract.py; `FAMILY`, reached from a
+config as `cfg.family`), shared by drafts and targets:
 
     forward(params, tokens[B, T], cache, cfg) -> (logits[B, T, V], cache)
 
@@ -31,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core import contract
 from specjax.models.kv_cache import KVCache
 
 Params = dict[str, Any]
@@ -78,6 +80,11 @@ class LlamaConfig:
         f'LlamaConfig.rope_base and norm_eps must be positive, got '
         f'{self.rope_base} and {self.norm_eps}'
       )
+
+  @property
+  def family(self) -> contract.Family:
+    """The functions of this architecture (the model contract, specjax/core/contract.py)."""
+    return FAMILY
 
   @property
   def num_params(self) -> int:
@@ -248,6 +255,27 @@ def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array
   return flat.reshape(b, g, s, h)
 
 
+def layer(
+  p: Params,
+  x: jax.Array,
+  cos: jax.Array,
+  sin: jax.Array,
+  cfg: LlamaConfig,
+  attend,
+) -> jax.Array:
+  """One decoder layer on x[B, T, D] with weights `p`; attention is left to
+  `attend(q[B, T, N, H], k[B, T, G, H], v[B, T, G, H]) -> [B, T, N, H]` (RoPE applied)."""
+  b, t, _ = x.shape
+  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
+  q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
+  k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
+  v = (y @ p['wv']).reshape(b, t, g, h)
+  x = x + attend(q, k, v).reshape(b, t, n * h) @ p['wo']
+  y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
+  return x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
+
+
 def _decoder(
   params: Params,
   tokens: jax.Array,
@@ -258,19 +286,10 @@ def _decoder(
 ) -> jax.Array:
   """The decoder stack with attention left to `attend(i, q, k, v) -> [B, T, N, H]` (layer i's
   queries and new keys/values, RoPE applied); returns final-normed hidden states [B, T, D]."""
-  b, t = tokens.shape
-  n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-  cos, sin = rope_tables(positions, h, cfg.rope_base)
+  cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_base)
   x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
   for i in range(cfg.n_layers) if layers is None else layers:
-    p = params['layers'][i]
-    y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
-    q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
-    k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
-    v = (y @ p['wv']).reshape(b, t, g, h)
-    x = x + attend(i, q, k, v).reshape(b, t, n * h) @ p['wo']
-    y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
-    x = x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
+    x = layer(params['layers'][i], x, cos, sin, cfg, lambda q, k, v, i=i: attend(i, q, k, v))
   return rms_norm(x, params['final_norm'], cfg.norm_eps)
 
 
@@ -288,7 +307,7 @@ def forward_hidden(
   """
   t = tokens.shape[1]
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
-  mask = jnp.arange(cache.size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+  mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
   new_k, new_v = list(cache.k), list(cache.v)
 
   def attend(i, q, k, v):
@@ -300,7 +319,7 @@ def forward_hidden(
   return x, KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
 
 
-def forward_hidden_pending(
+def _forward_hidden_pending(
   params: Params,
   tokens: jax.Array,
   cache: KVCache,
@@ -318,8 +337,8 @@ def forward_hidden_pending(
   """
   b, t = tokens.shape
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
-  old_mask = jnp.arange(cache.size)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
-  old_mask = jnp.broadcast_to(old_mask, (b, t, cache.size))
+  old_mask = jnp.arange(cache.cache_size)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
+  old_mask = jnp.broadcast_to(old_mask, (b, t, cache.cache_size))
   new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
   new_k: list[Any] = [None] * cfg.n_layers
   new_v: list[Any] = [None] * cfg.n_layers
@@ -340,8 +359,22 @@ def forward_hidden_pending(
   return x, (new_k, new_v)
 
 
-def write_pending(cache: KVCache, pending, count: jax.Array | int | None = None) -> KVCache:
-  """Writes `pending` (from forward_hidden_pending) at each row's length; lengths += T.
+def forward_pending(
+  params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig, slots: int
+) -> tuple[jax.Array, Any]:
+  """forward that leaves the cache untouched: (float32 logits [B, T, V], pending).
+
+  `pending` holds the new keys and values of `slots` >= T positions (zeros past T), for
+  `write_pending` to write after the branch that produced them (see
+  _forward_hidden_pending), so every branch of a lax.switch returns the same shapes.
+  """
+  x, (ks, vs) = _forward_hidden_pending(params, tokens, cache, cfg)
+  pad = lambda a: jnp.pad(a, ((0, 0), (0, slots - tokens.shape[1]), (0, 0), (0, 0)))
+  return logits_from_hidden(params, x, cfg), ([pad(k) for k in ks], [pad(v) for v in vs])
+
+
+def write_pending(cache: KVCache, pending) -> KVCache:
+  """Writes `pending` (from forward_pending) at each row's length; lengths += T.
 
   Entries are written at slots lengths .. lengths + T - 1 (past the end: dropped).
   """
@@ -372,3 +405,20 @@ def forward(
   """The model contract: tokens[B, T] -> (float32 logits[B, T, V], cache advanced by T)."""
   x, cache = forward_hidden(params, tokens, cache, cfg, layers)
   return logits_from_hidden(params, x, cfg), cache
+
+
+def init_cache(cfg: LlamaConfig, batch: int, cache_size: int, dtype=jnp.float32) -> KVCache:
+  """An empty cache of `cache_size` slots per row."""
+  return KVCache.init(cfg, batch, cache_size, dtype)
+
+
+FAMILY = contract.Family(
+  name='llama',
+  forward=forward,
+  forward_hidden=forward_hidden,
+  forward_pending=forward_pending,
+  write_pending=write_pending,
+  logits=logits_from_hidden,
+  init_cache=init_cache,
+  check_params=check_params,
+)

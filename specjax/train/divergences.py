@@ -10,7 +10,8 @@ chosen divergence; which one works best depends on the decoding strategy:
                                                       token-level rejection sampling
 
 Every function takes p [..., V] (probabilities; rows may hold zeros) and student logits
-[..., V], and returns [...]. Pure jnp, differentiable in the logits.
+[..., V], and returns [...]. Pure jnp, differentiable in the logits. The registry
+(specjax/registry.py DIVERGENCES) names them.
 """
 
 from __future__ import annotations
@@ -54,13 +55,3 @@ def jsd(p: jax.Array, logits: jax.Array) -> jax.Array:
 def tvd(p: jax.Array, logits: jax.Array) -> jax.Array:
   q = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
-
-
-DIVERGENCES = {'forward_kl': forward_kl, 'reverse_kl': reverse_kl, 'jsd': jsd, 'tvd': tvd}
-
-
-def get(name: str):
-  """The divergence function called `name` (one of DIVERGENCES)."""
-  if name not in DIVERGENCES:
-    raise ValueError(f'unknown divergence {name!r}; expected one of {sorted(DIVERGENCES)}')
-  return DIVERGENCES[name]

@@ -8,7 +8,7 @@ The run keeps in `workdir`:
                    run in the same workdir resumes from the latest one.
   metrics.jsonl    one JSON object per logged step (train) and per evaluation (eval).
   loss.png, acceptance.png
-  draft/           the trained draft (specjax.drafters.distilled.save_draft format).
+  draft/           the trained draft (specjax.checkpoints.draft_dir format).
 
 Resuming is exact: data order is a function of the step (data.batch_indices), the step's
 key is fold_in(key, step), and the restored optimizer state is the saved one, so a run
@@ -33,10 +33,11 @@ import optax
 import orbax.checkpoint as ocp
 import tqdm
 
+from specjax import registry
+from specjax.checkpoints import draft_dir
 from specjax.drafters import distilled
 from specjax.models.kv_cache import KVCache
 from specjax.train import data as data_lib
-from specjax.train import divergences
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def loss_fn(params, frozen, batch, key, cfg, divergence: str, position_keep: flo
   logits = draft_logits(params, frozen, batch['tokens'], cfg)
   size = logits.shape[-1]
   p = teacher_dense(batch['topk_ids'], batch['topk_probs'], frozen['full_to_sub'], size)
-  div = divergences.get(divergence)(p, logits)  # [B, T]
+  div = registry.DIVERGENCES.get(divergence)(p, logits)  # [B, T]
   mask = batch['mask'].astype(jnp.float32)
   if position_keep < 1:  # random subset of positions per step
     mask = mask * jax.random.bernoulli(key, position_keep, mask.shape)
@@ -233,7 +234,7 @@ class Setup:
 
 
 def setup(config, progress=print) -> Setup:
-  from specjax.models.loader import load_model
+  from specjax.checkpoints.loader import load_model
 
   target = load_model(config.target)
   train_data, eval_data = data_lib.build(target, config.data, progress=progress)
@@ -347,6 +348,6 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
     'init_layers': list(config.draft.init_layers),
     'coverage': s.vocab_coverage,
   }
-  distilled.save_draft(workdir / 'draft', s.cfg, params, info)
+  draft_dir.save_draft(workdir / 'draft', s.cfg, params, info)
   evals = [r for r in metrics_log.records if r['kind'] == 'eval']
   return evals[-1] if evals else {}

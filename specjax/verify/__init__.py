@@ -11,31 +11,19 @@ p[:, K] is the bonus position), q[:, i] the draft's distribution that draft[:, i
 drawn from (one-hot for deterministic drafters). Each is built from a deterministic
 `Plan` (acceptance thresholds and the distribution of the next token for every
 possible stopping point) and one tiny random draw, so tests can enumerate a plan
-exactly and check the draw statistically.
+exactly and check the draw statistically. The registry (specjax/registry.py VERIFIERS)
+names them; each module's `VERIFIER` bundles its function and plan. Imports only core.
 """
 
 from specjax.verify.block import block_plan, block_verify
-from specjax.verify.common import Plan, stop_distribution
+from specjax.verify.common import Plan, Verifier, stop_distribution
 from specjax.verify.greedy import greedy_plan, greedy_verify
 from specjax.verify.rejection import rejection_plan, rejection_verify
 
-VERIFIERS = {'greedy': greedy_verify, 'rejection': rejection_verify, 'block': block_verify}
-PLANS = {'greedy': greedy_plan, 'rejection': rejection_plan, 'block': block_plan}
-
-
-def get(name: str):
-  """The verifier called `name`; an unknown name lists the known ones."""
-  if name not in VERIFIERS:
-    raise ValueError(f'unknown verifier {name!r}; known: {sorted(VERIFIERS)}')
-  return VERIFIERS[name]
-
-
 __all__ = [
   'Plan',
+  'Verifier',
   'stop_distribution',
-  'get',
-  'VERIFIERS',
-  'PLANS',
   'block_plan',
   'block_verify',
   'greedy_plan',

@@ -44,3 +44,6 @@ def block_plan(p: jax.Array, q: jax.Array, draft: jax.Array) -> common.Plan:
 
 def block_verify(p, q, draft, key) -> tuple[jax.Array, jax.Array]:
   return common.run_plan(block_plan(p, q, draft), key)
+
+
+VERIFIER = common.Verifier('block', block_verify, block_plan)

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.decode import sampling as sampling_lib
+from specjax.core import sampling as sampling_lib
 
 TINY = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class Verifier:
+  """A verifier as the registry knows it: the jitted function and its deterministic plan.
+
+  verify(p[B, K+1, V], q[B, K, V], draft[B, K], key) -> (accepted[B], next_token[B]);
+  plan(p, q, draft) -> Plan. `greedy_only`: lossless only for greedy decoding.
+  """
+
+  name: str
+  verify: Callable[..., tuple[jax.Array, jax.Array]]
+  plan: Callable[..., Plan]
+  greedy_only: bool = False
 
 
 @struct.dataclass

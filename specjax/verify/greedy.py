@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.decode.sampling import argmax
+from specjax.core.sampling import argmax
 from specjax.verify import common
 
 
@@ -25,3 +25,6 @@ def greedy_verify(p, q, draft, key) -> tuple[jax.Array, jax.Array]:
   top = argmax(p)  # [B, K+1]
   accepted = jnp.sum(jnp.cumprod((draft == top[:, :k]).astype(jnp.int32), -1), -1)
   return accepted, jnp.take_along_axis(top, accepted[:, None], axis=1)[:, 0]
+
+
+VERIFIER = common.Verifier('greedy', greedy_verify, greedy_plan, greedy_only=True)

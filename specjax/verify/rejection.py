@@ -25,3 +25,6 @@ def rejection_plan(p: jax.Array, q: jax.Array, draft: jax.Array) -> common.Plan:
 
 def rejection_verify(p, q, draft, key) -> tuple[jax.Array, jax.Array]:
   return common.run_plan(rejection_plan(p, q, draft), key)
+
+
+VERIFIER = common.Verifier('rejection', rejection_verify, rejection_plan)

@@ -8,17 +8,36 @@ Invariants, per row b, after every step:
   * done[b] once the row emitted EOS or reached max_new[b]; a done row never changes.
 `commit` is the one place that enforces them (stopping rules included), so every
 decoding method advances rows the same way.
+
+The speculative part of the state is a `SpecState`: the drafter's own state, what each
+iteration kept and drafted, and the adaptive controller's state.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.kv_cache import KVCache
+
+class Cache(Protocol):
+  """What the loop needs of a model family's cache (specjax.models.kv_cache.KVCache)."""
+
+  lengths: jax.Array  # [B] int32 filled slots per row
+
+  def with_lengths(self, lengths: jax.Array) -> Cache: ...
+
+
+@struct.dataclass
+class SpecState:
+  """The speculative part of the loop state (autoregressive decoding records zeros)."""
+
+  accepted: jax.Array  # [B, O] int32 draft tokens kept per iteration; -1 past the last
+  drafted: jax.Array  # [B, O] int32 tokens drafted per iteration (0: a plain step); -1 past
+  draft: Any = None  # the drafter's own state (its type is the drafter's; None without one)
+  control: Any = None  # specjax.control.adaptive.ControlState under adaptive control
 
 
 @struct.dataclass
@@ -28,10 +47,10 @@ class DecodeState:
   done: jax.Array  # [B] bool
   prompt_lens: jax.Array  # [B] int32
   max_new: jax.Array  # [B] int32
-  cache: KVCache  # the target's cache
+  cache: Cache  # the target's cache
   key: jax.Array  # PRNG key, split once per step
   step: jax.Array  # [] int32, loop iterations so far (prefill excluded)
-  extra: Any = None  # method-specific state (a drafter's cache, statistics, ...)
+  spec: SpecState | None = None  # set by the loop's prefill
 
   @property
   def last_tokens(self) -> jax.Array:

@@ -1,0 +1,171 @@
+"""Measured costs of the pieces of an iteration, for the cost model and the controller.
+
+Each piece runs `inner` times inside one jitted fori_loop (so per-call dispatch, which
+the decoding loop does not pay either, is left out) and every repetition depends on the
+loop index, so XLA cannot hoist it out of the loop. Times are the fastest of `repeats`
+runs: on a shared machine other work only ever adds time, so the minimum is the best
+estimate of what a piece costs (and ratios of minima are stable under load). Pieces are
+timed in rounds (every piece once per round), so a burst of other work hits them alike.
+
+`measure_drafts` is the one measurement (the harness, layer-skip calibration and
+`measure` for one engine use it); the numbers go into a control.cost_model.Costs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specjax.control.cost_model import Costs
+from specjax.core.sampling import SamplingConfig
+from specjax.decode import loop
+from specjax.decode import prefill as prefill_lib
+
+
+def _timer(fn, args, inner: int):
+  """Compiles and warms `fn`; returns a function timing one run, in ms per inner call."""
+  jax.block_until_ready(fn(*args))
+
+  def run() -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return 1e3 * (time.perf_counter() - start) / inner
+
+  return run
+
+
+def timer_forward(
+  params, cfg, batch: int, tokens: int, cache_size: int, layers=None, inner: int = 8
+):
+  """A timer of one forward of `tokens` new tokens per row (cache half full)."""
+
+  def many(p, x, cache):
+    def body(i, acc):
+      logits, _ = cfg.family.forward(p, (x + i) % cfg.vocab_size, cache, cfg, layers)
+      return acc + logits[:, -1, 0]
+
+    return jax.lax.fori_loop(0, inner, body, jnp.zeros(x.shape[:1]))
+
+  cache = cfg.family.init_cache(cfg, batch, cache_size, params['embed'].dtype)
+  cache = cache.with_lengths(jnp.full((batch,), cache_size // 2))
+  return _timer(jax.jit(many), (params, jnp.ones((batch, tokens), jnp.int32), cache), inner)
+
+
+def forward_ms(
+  params,
+  cfg,
+  batch: int,
+  tokens: int,
+  cache_size: int,
+  layers=None,
+  inner: int = 8,
+  repeats: int = 5,
+) -> float:
+  """Milliseconds of one forward of `tokens` new tokens per row: the fastest of `repeats`."""
+  run = timer_forward(params, cfg, batch, tokens, cache_size, layers, inner)
+  return min(run() for _ in range(repeats))
+
+
+def timer_propose(
+  drafter,
+  draft_params,
+  target_params,
+  cfg,
+  batch: int,
+  gamma: int,
+  cache_size: int,
+  sampling: SamplingConfig = SamplingConfig(),
+  inner: int = 8,
+):
+  """A timer of one `drafter.propose` of gamma tokens, on a state after a short prompt."""
+  prompt_len = min(32, cache_size // 4)
+  prompt = (jnp.arange(batch * prompt_len).reshape(batch, prompt_len) * 7919) % cfg.vocab_size
+  lens = jnp.full((batch,), prompt_len, jnp.int32)
+  method = loop.Method(gamma=gamma, drafter=drafter)
+  params = {'target': target_params, 'draft': draft_params}
+  state = jax.jit(
+    prefill_lib.prefill,
+    static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
+  )(
+    params,
+    prompt.astype(jnp.int32),
+    lens,
+    lens,
+    jax.random.key(0),
+    cfg=cfg,
+    method=method,
+    sampling=sampling,
+    eos_id=-1,
+    cache_size=cache_size,
+    out_len=cache_size // 2,
+  )
+
+  def many(draft_params, draft_state, state):
+    def body(i, acc):
+      moved = state.replace(tokens=(state.tokens + i) % cfg.vocab_size)
+      tokens, q, _ = drafter.propose(
+        draft_params, draft_state, moved, jax.random.fold_in(state.key, i), gamma, sampling
+      )
+      return acc + tokens[:, -1] + (0 if q is None else q[:, -1, 0] > 0.5)  # keep q live
+
+    return jax.lax.fori_loop(0, inner, body, jnp.zeros((batch,), jnp.int32))
+
+  return _timer(jax.jit(many), (draft_params, state.spec.draft, state), inner)
+
+
+def measure_drafts(
+  target_params,
+  cfg,
+  drafts: Mapping[str, tuple[object, object, Sequence[int]]],
+  batch: int,
+  cache_size: int,
+  sampling: SamplingConfig = SamplingConfig(),
+  repeats: int = 5,
+) -> tuple[float, dict[str, Costs]]:
+  """(target step ms, {name: Costs}) for drafts {name: (drafter, draft params, gammas)}.
+
+  The target's step and each (gamma + 1)-token verification are timed once and shared
+  by every draft; each draft's proposals are timed at each of its gammas.
+  """
+  pieces = {('step', 0): timer_forward(target_params, cfg, batch, 1, cache_size)}
+  for name, (drafter, draft_params, gammas) in drafts.items():
+    for g in gammas:
+      if ('verify', g) not in pieces:
+        pieces['verify', g] = timer_forward(target_params, cfg, batch, g + 1, cache_size)
+      pieces[name, g] = timer_propose(
+        drafter, draft_params, target_params, cfg, batch, g, cache_size, sampling
+      )
+  best = {k: float('inf') for k in pieces}
+  for _ in range(repeats):
+    for k, run in pieces.items():
+      best[k] = min(best[k], run())
+  step = best['step', 0]
+  return step, {
+    name: Costs(
+      batch=batch,
+      cache_size=cache_size,
+      target_ms=step,
+      draft_ms={g: best[name, g] for g in gammas},
+      verify_ms={g: best['verify', g] for g in gammas},
+    )
+    for name, (_, _, gammas) in drafts.items()
+  }
+
+
+def measure(
+  engine,
+  batch: int,
+  cache_size: int,
+  gammas: Sequence[int],
+  sampling: SamplingConfig = SamplingConfig(),
+  repeats: int = 5,
+) -> Costs:
+  """Costs of `engine`'s target and drafter for each gamma at this batch and cache size."""
+  if engine.drafter is None:
+    raise ValueError('measuring draft costs needs an engine with a drafter')
+  drafts = {'draft': (engine.drafter, engine.draft_params, tuple(gammas))}
+  _, out = measure_drafts(engine.params, engine.cfg, drafts, batch, cache_size, sampling, repeats)
+  return out['draft']

@@ -1,0 +1,63 @@
+"""Where a number came from: commit, date, machine and package versions, in one dict.
+
+Every results file an experiment or the harness writes carries `provenance()`, so a
+figure in BENCHMARKS.md can be traced to the code and machine that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import pathlib
+import platform
+import subprocess
+
+PACKAGES = ('specjax', 'jax', 'jaxlib', 'flax', 'numpy', 'transformers', 'torch')
+
+
+def git_commit(directory: str | os.PathLike | None = None) -> str | None:
+  """The short commit of the repository holding `directory` (default: this package's),
+  with '+dirty' when it has uncommitted changes; None outside a git checkout."""
+  directory = directory or pathlib.Path(__file__).resolve().parent
+  try:
+    run = lambda *args: subprocess.run(
+      ['git', *args], cwd=directory, capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
+    commit = run('rev-parse', '--short', 'HEAD')
+    dirty = bool(run('status', '--porcelain', '--untracked-files=no'))
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return commit + ('+dirty' if dirty else '')
+
+
+def machine() -> str:
+  """'x86_64, 2 cores, AMD EPYC ...' (the processor name where the OS reports one)."""
+  name = platform.processor() or ''
+  try:
+    with open('/proc/cpuinfo') as f:
+      name = next((line.split(':', 1)[1].strip() for line in f if 'model name' in line), name)
+  except OSError:
+    pass
+  return ', '.join(filter(None, [platform.machine(), f'{os.cpu_count()} cores', name]))
+
+
+def versions(packages=PACKAGES) -> dict[str, str]:
+  out = {}
+  for name in packages:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+  return out
+
+
+def provenance() -> dict:
+  """{'commit', 'date' (UTC, ISO), 'machine', 'python', 'packages': {name: version}}."""
+  return {
+    'commit': git_commit(),
+    'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'machine': machine(),
+    'python': platform.python_version(),
+    'packages': versions(),
+  }

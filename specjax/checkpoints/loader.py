@@ -1,0 +1,79 @@
+"""Loads a model and its tokenizer from one spec string (drafts: specjax/registry.py).
+
+Specs: a pinned asset name ('smollm2-135m-instruct'), a path to a .gguf file, a
+Hugging Face style directory (config.json + *.safetensors + tokenizer.json), or
+'tiny' (a random 2-layer model over bytes, for smoke tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import assets, testing
+from specjax.checkpoints import gguf, hf
+from specjax.models.llama import LlamaConfig
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+MODEL_ASSETS = ('smollm2-135m-instruct',)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  cfg: LlamaConfig
+  params: Any
+  tokenizer: Any
+  source: str
+
+
+def parse_dtype(name: str):
+  if name not in DTYPES:
+    raise ValueError(f'unknown dtype {name!r}; expected one of {sorted(DTYPES)}')
+  return DTYPES[name]
+
+
+def check_model_spec(spec: str) -> None:
+  """Raises ValueError unless `spec` names a model load_model can read (nothing is read;
+  FileNotFoundError for a missing .gguf file)."""
+  if spec == 'tiny' or spec in MODEL_ASSETS or os.path.isdir(spec):
+    return
+  if spec.endswith('.gguf'):
+    if not os.path.isfile(spec):
+      raise FileNotFoundError(f'GGUF file not found: {spec}')
+    return
+  raise ValueError(
+    f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to '
+    f'a .gguf file, a Hugging Face style directory, or "tiny"'
+  )
+
+
+def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
+  """Reads weights (to host numpy in `dtype`) and builds the tokenizer for `spec`."""
+  from specjax.tokenizer import Tokenizer  # heavy imports only when a real model is asked for
+
+  check_model_spec(spec)
+  target_dtype = parse_dtype(dtype)
+  if spec == 'tiny':
+    tok = testing.ByteTokenizer()
+    cfg, params = testing.tiny_model(vocab_size=tok.vocab_size, max_seq_len=2048)
+    return LoadedModel(cfg, _cast(params, target_dtype), tok, 'random tiny model (2 layers)')
+  if spec in MODEL_ASSETS:
+    path = assets.fetch(spec)
+  elif os.path.isdir(spec):
+    cfg, params = hf.load_hf(spec)
+    tok = Tokenizer.from_file(os.path.join(spec, 'tokenizer.json'))
+    return LoadedModel(cfg, _cast(params, target_dtype), tok, spec)
+  else:
+    path = spec
+
+  cfg, params = gguf.load_gguf(path)
+  return LoadedModel(cfg, _cast(params, target_dtype), Tokenizer.from_gguf(path), str(path))
+
+
+def _cast(params, dtype):
+  return jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)

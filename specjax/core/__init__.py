@@ -1,0 +1,6 @@
+"""The bottom layer: what every other package builds on.
+
+sampling.py (sampling settings, warps, samplers), state.py (the typed decoding state and
+`commit`), contract.py (the model-family contract and the drafter interface). Modules here
+import only jax, numpy, flax and each other; nothing else in specjax.
+"""

@@ -1,0 +1,139 @@
+"""The two contracts the decoding loop is written against: a model family and a drafter.
+
+**A model family** is a `Family`: a named set of pure functions over a parameter pytree
+and a static, hashable config. The config names its family (`cfg.family`), so the
+loop, the drafters and the cost timers call `cfg.family.forward(...)` and never a
+particular architecture by name:
+
+  forward(params, tokens[B, T], cache, cfg, layers=None) -> (float32 logits[B, T, V], cache)
+  forward_hidden(params, tokens[B, T], cache, cfg, layers=None) -> (hidden[B, T, D], cache)
+  forward_pending(params, tokens[B, T], cache, cfg, slots) -> (logits[B, T, V], pending)
+      the cache only read; `pending` holds the new entries padded to `slots` positions
+  write_pending(cache, pending) -> cache          lengths advance by `slots`
+  logits(params, hidden[..., D], cfg) -> float32 logits[..., V]
+  init_cache(cfg, batch, cache_size, dtype) -> an empty cache (lengths 0)
+  check_params(cfg, params, source) -> None       raises ValueError naming a bad tensor
+
+`tokens` are written at each row's own position (`cache.lengths`); the returned cache
+has every row's length advanced by T, and rolling a row back is lowering its length.
+`layers` (static) runs a subset of the layers, for self-speculative drafts.
+
+**A drafter** is a static, hashable description (a jit static argument); whatever
+arrays it needs (a draft model's weights) come in as `params`, and whatever it carries
+between iterations (its own KV cache) is a pytree `draft state` inside the loop's
+`SpecState`. Three calls, all traced inside the jitted loop:
+
+  init(params, prompt_tokens[B, P], prompt_lens[B], cache_size, constrain) -> draft state
+  propose(params, draft_state, state, key, gamma, sampling)
+      -> (tokens[B, gamma], q[B, gamma, V] or None, draft_state)
+  rollback(draft_state, state) -> draft_state      # after the verifier's commit
+
+`q` is the (warped) distribution each proposed token was drawn from; deterministic
+drafters return None for one-hot q, which the loop then builds only for the iterations
+that verify a draft. `state` is the loop's DecodeState (tokens so far, lengths). Every
+optional hook is declared on `Drafter` with its default, so the loop never has to ask
+whether a drafter has one.
+
+This module is part of the bottom layer: it imports nothing from specjax but core.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax.core.sampling import SamplingConfig
+from specjax.core.state import DecodeState
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A model family's functions (see the module docstring for their signatures)."""
+
+  name: str
+  forward: Callable[..., Any]
+  forward_hidden: Callable[..., Any]
+  forward_pending: Callable[..., Any]
+  write_pending: Callable[..., Any]
+  logits: Callable[..., Any]
+  init_cache: Callable[..., Any]
+  check_params: Callable[..., Any]
+
+
+class Drafter(abc.ABC):
+  """Base class; subclasses are frozen dataclasses.
+
+  `name` says what the drafter is in reports ('prompt lookup ngram(n=1..3)').
+  """
+
+  name: str = 'drafter'
+  # True for drafters that may find nothing to propose (lookup): the loop then runs a
+  # plain one-token step instead of verifying, while no row `has_proposals`.
+  skip_when_empty: bool = False
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Size of the vocabulary the proposals are drawn from."""
+
+  @abc.abstractmethod
+  def init(
+    self, params, prompt_tokens: jax.Array, prompt_lens: jax.Array, cache_size: int, constrain=None
+  ) -> Any:
+    """The draft state after the prompt."""
+
+  @abc.abstractmethod
+  def propose(
+    self,
+    params,
+    draft_state,
+    state: DecodeState,
+    key: jax.Array,
+    gamma: int,
+    sampling: SamplingConfig,
+  ) -> tuple[jax.Array, jax.Array | None, Any]:
+    """gamma tokens per row, with the distributions they were drawn from (None: one-hot)."""
+
+  @abc.abstractmethod
+  def rollback(self, draft_state, state: DecodeState) -> Any:
+    """Brings the draft state in line with the committed tokens of `state`."""
+
+  def has_proposals(self, draft_state) -> jax.Array:
+    """[] bool: did the last proposal find anything for some row (see skip_when_empty)."""
+    del draft_state
+    return jnp.asarray(True)
+
+  def check_batch(self, batch: int) -> None:
+    """Raises ValueError if this drafter cannot serve a batch of `batch` rows."""
+    del batch
+
+  def resyncing(self, window: int) -> Drafter:
+    """This drafter, able to resume after up to `window` plain steps that skipped it.
+
+    Adaptive control runs plain target steps without the drafter. Drafters whose state
+    is derived from the emitted tokens (prompt lookup) need nothing; those with a cache
+    of their own (draft models) return a variant that catches up.
+    """
+    del window
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftKind:
+  """A kind of draft as the registry knows it (specjax/registry.py DRAFTS).
+
+  parse(spec: core.registry.Spec) -> settings: checks the spec's arguments without loading
+    anything (config validation calls it before any model loads) and raises ValueError
+    with `usage` for a bad one.
+  build(settings, target, dtype: str) -> (Drafter, draft params or None): `target` is the
+    loaded target (specjax.checkpoints.loader.LoadedModel: cfg, params, tokenizer, source).
+  """
+
+  usage: str
+  parse: Callable[[Any], Any]
+  build: Callable[[Any, Any, str], tuple[Drafter, Any]]

@@ -1,0 +1,251 @@
+"""Typed summaries of a run: what every report, plot, the advisor and self-consistency read.
+
+A run produces one *record* per (method, prompt) (`record`: the generated tokens, per
+iteration what was drafted and accepted, timings). `summarize_method` turns a method's
+records into a `Summary` — the one place where tokens per call, acceptance, the per-token
+acceptance alpha and the latency percentiles are computed — and `summarize` does it for
+every method, overall and per category, with the cost model's prediction when costs were
+measured. results.json holds `Summary.to_json()` per method; `Summary.from_json` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from specjax.control import cost_model
+
+
+def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
+  return {f'p{q}': float(np.percentile(values, q)) for q in qs}
+
+
+def tokens_per_call(new_tokens: int, target_calls: int) -> float:
+  """Tokens emitted per target forward pass (the prefill counts as one)."""
+  return new_tokens / max(target_calls, 1)
+
+
+def per_token_alpha(pairs: Sequence[tuple[int, int]]) -> float | None:
+  """The per-token acceptance probability alpha of the cost model (None without drafts).
+
+  `pairs` are (accepted, drafted) per iteration that drafted. Under the cost model each
+  draft token is accepted with probability alpha until the first rejection, so an
+  iteration that kept k of gamma is k successes and (k < gamma) one failure, and
+  successes / (successes + failures) is the maximum-likelihood alpha. (acceptance_rate,
+  accepted / drafted, also counts the positions after a rejection, which were never
+  tested, and is lower.)
+  """
+  if not pairs:
+    return None
+  successes = sum(a for a, _ in pairs)
+  return successes / max(successes + sum(a < d for a, d in pairs), 1)
+
+
+def record(prompt, ids, out, row: int, tokenizer, method: str, batch: int) -> dict:
+  """One (method, prompt) record from row `row` of a GenerationOutput."""
+  tokens = out.tokens[row]
+  accepted = out.accepted[row] if out.accepted else []
+  drafted = out.drafted[row] if out.drafted else []
+  return {
+    'method': method,
+    'id': prompt.id,
+    'category': prompt.category,
+    'prompt': prompt.text,
+    'output': tokenizer.decode(tokens),
+    'tokens': tokens,
+    'prompt_tokens': len(ids),
+    'new_tokens': len(tokens),
+    'target_calls': len(accepted) + 1,
+    'accepted': accepted,
+    'drafted': drafted,
+    'gamma': out.gamma,
+    'batch': batch,
+    'prefill_ms': 1e3 * out.prefill_seconds,
+    'decode_ms': 1e3 * out.decode_seconds,
+    'batch_steps': out.steps,
+    'switches': out.switches,
+    'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
+    'decode_tokens_per_second': out.decode_tokens_per_second,
+  }
+
+
+@dataclasses.dataclass
+class Summary:
+  """One method's figures over a set of records (all prompts, or one category)."""
+
+  gamma: int
+  new_tokens: int
+  drafted_tokens: int
+  acceptance_rate: float | None  # accepted / drafted tokens
+  alpha: float | None  # per-token acceptance probability (per_token_alpha)
+  tokens_per_call: float
+  decode_tokens_per_second: float
+  tokens_per_second: float  # prefill included
+  iteration_ms: float
+  verified_fraction: float | None  # iterations that verified a draft
+  prefill_ms: dict[str, float]
+  latency_ms: dict[str, float]
+  latency_ms_per_token: dict[str, float]
+  zero_accept_fraction: float | None
+  greedy_mismatches: int
+  switches: int
+  compile_seconds: float | None = None  # overall only
+  speedup: float = 1.0  # tokens_per_second over autoregressive decoding's
+  decode_speedup: float = 1.0
+  # With measured costs (specjax.control.cost_model):
+  draft: str | None = None
+  adaptive: bool | None = None
+  c: float | None = None
+  predicted_speedup: float | None = None
+  time_split_ms: dict[str, float] | None = None
+  near_ties: int | None = None  # greedy mismatches that start at a near-tie
+  categories: dict[str, Summary] = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> dict:
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    out['categories'] = {k: v.to_json() for k, v in self.categories.items()}
+    return out
+
+  @classmethod
+  def from_json(cls, data: Mapping[str, Any]) -> Summary:
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in fields}
+    kwargs['categories'] = {k: cls.from_json(v) for k, v in data.get('categories', {}).items()}
+    return cls(**kwargs)
+
+
+def summarize_method(recs, baseline, compile_seconds: float | None = None) -> Summary:
+  """A Summary of one method's records; `baseline` are autoregressive decoding's, aligned."""
+  new = sum(r['new_tokens'] for r in recs)
+  pairs = [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+  drafted = sum(sum(r['drafted']) for r in recs)
+  batches = {r['batch']: r for r in recs}.values()  # the decode loop's time is per batch
+  decode_s = sum(r['decode_ms'] for r in batches) / 1e3
+  tried = [a for a, _ in pairs]
+  return Summary(
+    gamma=recs[0]['gamma'],
+    new_tokens=new,
+    drafted_tokens=drafted,
+    acceptance_rate=sum(sum(r['accepted']) for r in recs) / drafted if drafted else None,
+    alpha=per_token_alpha(pairs),
+    tokens_per_call=tokens_per_call(new, sum(r['target_calls'] for r in recs)),
+    decode_tokens_per_second=(new - len(recs)) / max(decode_s, 1e-9),
+    tokens_per_second=new / max(sum(r['latency_ms'] for r in batches) / 1e3, 1e-9),
+    iteration_ms=1e3 * decode_s / max(sum(r['batch_steps'] for r in batches), 1),
+    verified_fraction=(
+      len(tried) / max(sum(len(r['drafted']) for r in recs), 1) if recs[0]['gamma'] else None
+    ),
+    prefill_ms=percentiles([r['prefill_ms'] for r in recs]),
+    latency_ms=percentiles([r['latency_ms'] for r in recs]),
+    latency_ms_per_token=percentiles([r['latency_ms'] / r['new_tokens'] for r in recs]),
+    zero_accept_fraction=tried.count(0) / len(tried) if tried else None,
+    greedy_mismatches=sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
+    switches=sum(r['switches'] for r in batches),
+    compile_seconds=compile_seconds,
+  )
+
+
+def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: bool) -> None:
+  """Fills in the cost model's speedup and time split for a method (in place).
+
+  Iterations are weighted as they ran: one that verified d drafts emits E(alpha, d)
+  tokens at cost draft(d) + verify(d); one that did not (a plain step of adaptive
+  control, or a prompt lookup with no match) emits 1 token at cost 1 (plus the search,
+  for a fixed-gamma lookup). The same units give the predicted split of an iteration's
+  time into draft, verify and the rest.
+  """
+  alpha = m.alpha or 0.0
+  table = costs.table()
+  tokens = draft = verify = 0.0  # draft and verify in target steps
+  n = 0
+  for r in recs:
+    for d in r['drafted']:
+      n += 1
+      if d:
+        dc, vc = table[d]
+        tokens += float(cost_model.expected_tokens(alpha, d))
+      else:
+        dc, vc = (0.0 if adaptive else table[gamma][0]), 1.0
+        tokens += 1
+      draft += dc
+      verify += vc
+  per_iter = lambda units: units * costs.target_ms / max(n, 1)
+  m.c = costs.c
+  m.predicted_speedup = float(cost_model.speedup(tokens, draft, verify)) if n else 0.0
+  m.time_split_ms = {
+    'draft': per_iter(draft),
+    'verify': per_iter(verify),
+    'other': m.iteration_ms - per_iter(draft + verify),
+  }
+
+
+def best_gamma_per_category(methods: Mapping[str, Summary], costs, categories) -> dict:
+  """Per draft and category: the cost model's best gamma from the category's acceptance
+  (alpha pooled over the draft's methods, weighted by drafted tokens)."""
+  out = {}
+  for spec, c in costs.items():
+    out[spec] = {}
+    for cat in ['all', *categories]:
+      successes = trials = 0.0
+      for name, m in methods.items():
+        sub = m if cat == 'all' else m.categories[cat]
+        if name.startswith(spec + '@') and sub.alpha is not None:
+          successes += sub.alpha * sub.drafted_tokens
+          trials += sub.drafted_tokens
+      if trials:
+        gamma, speedup = cost_model.best_gamma(successes / trials, c.table())
+        out[spec][cat] = {'alpha': successes / trials, 'gamma': gamma, 'predicted_speedup': speedup}
+  return out
+
+
+def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, costs=None):
+  """{method: Summary} overall and per category, speedups against 'autoregressive'.
+
+  `plans` maps a method name to (draft spec, gamma, adaptive); with measured `costs`
+  (draft spec -> Costs) the cost model's prediction is filled in too.
+  """
+  costs, plans = costs or {}, plans or {}
+  baseline = records['autoregressive']
+  categories = sorted({r['category'] for r in baseline})
+  out = {}
+  for name, recs in records.items():
+    m = out[name] = summarize_method(recs, baseline, compile_seconds[name])
+    plan = plans.get(name)
+    if plan is not None and plan[0] in costs:
+      m.draft, m.adaptive = plan[0], plan[2]
+      predict(m, recs, costs[plan[0]], plan[1], plan[2])
+    for cat in categories:
+      pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
+      sub = summarize_method([recs[i] for i in pick], [baseline[i] for i in pick])
+      if plan is not None and plan[0] in costs:
+        predict(sub, [recs[i] for i in pick], costs[plan[0]], plan[1], plan[2])
+        sub.c = sub.time_split_ms = None
+      m.categories[cat] = sub
+  base = out['autoregressive']
+  for m in out.values():
+    for sub, ref in [(m, base), *((m.categories[c], base.categories[c]) for c in categories)]:
+      sub.speedup = sub.tokens_per_second / ref.tokens_per_second
+      sub.decode_speedup = sub.decode_tokens_per_second / ref.decode_tokens_per_second
+  return out, categories
+
+
+def count_near_ties(engine, encoded, recs, baseline, threshold: float = 1e-4) -> int:
+  """How many greedy mismatches start where the target's top-2 logits are within `threshold`.
+
+  A multi-token verify forward rounds differently from a one-token step, so outputs may
+  legitimately part at a near-tie; any other mismatch is a bug.
+  """
+  ties = 0
+  for ids, r, b in zip(encoded, recs, baseline):
+    if r['tokens'] == b['tokens']:
+      continue
+    first = next(
+      (i for i, (x, y) in enumerate(zip(r['tokens'], b['tokens'])) if x != y),
+      min(len(r['tokens']), len(b['tokens'])),
+    )
+    top2 = np.sort(engine.next_logits(list(ids) + b['tokens'][:first]))[-2:]
+    ties += bool(top2[1] - top2[0] < threshold)
+  return ties

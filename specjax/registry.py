@@ -1,0 +1,84 @@
+"""The registry: every name a config or a spec can use, in one place.
+
+  FAMILIES     model families ('llama'): the model contract, specjax/core/contract.py
+  DRAFTS       draft kinds ('ngram', 'layers', 'consensus', ...): specjax/drafters/
+  VERIFIERS    'greedy', 'rejection', 'block': specjax/verify/
+  DIVERGENCES  distillation losses ('forward_kl', 'tvd', ...): specjax/train/divergences.py
+
+Entries are 'module:attribute', imported on first use (specjax/core/registry.py), so this
+module imports only core and any layer may look a name up. Adding a drafter kind is its
+file (a `DraftKind`: usage, parse, build) plus one line in DRAFTS.
+
+Draft specs use the one grammar KIND[:ARG,...,KEY=VALUE,...] (`ngram:3-8`,
+`layers:0-11,20-29`, `consensus:8,k=4`, `distilled:DIR`); a spec whose kind is not a
+registered name is a distilled draft directory, or else a model (an asset name, a .gguf
+file, a Hugging Face directory) with the target's vocabulary.
+"""
+
+from __future__ import annotations
+
+from specjax.core.registry import Registry, parse_spec
+
+FAMILIES = Registry('model family', {'llama': 'specjax.models.llama:FAMILY'})
+
+DRAFTS = Registry(
+  'draft',
+  {
+    'ngram': 'specjax.drafters.ngram:NGRAM',
+    'truncated': 'specjax.drafters.model:TRUNCATED',
+    'layers': 'specjax.drafters.model:LAYERS',
+    'distilled': 'specjax.drafters.distilled:DISTILLED',
+    'consensus': 'specjax.drafters.consensus:CONSENSUS',
+    'model': 'specjax.drafters.model:MODEL',  # any other spec: a model path
+  },
+)
+
+VERIFIERS = Registry(
+  'verifier',
+  {
+    'greedy': 'specjax.verify.greedy:VERIFIER',
+    'rejection': 'specjax.verify.rejection:VERIFIER',
+    'block': 'specjax.verify.block:VERIFIER',
+  },
+)
+
+DIVERGENCES = Registry(
+  'divergence',
+  {
+    'forward_kl': 'specjax.train.divergences:forward_kl',
+    'reverse_kl': 'specjax.train.divergences:reverse_kl',
+    'jsd': 'specjax.train.divergences:jsd',
+    'tvd': 'specjax.train.divergences:tvd',
+  },
+)
+
+
+BARE_KINDS = ('distilled', 'model')  # tried in turn for a spec of no registered kind
+
+
+def parse_draft(text: str) -> tuple[object, object]:
+  """(the DraftKind, its settings) of a draft spec, checked without loading anything.
+
+  A bad spec is a ValueError naming it; one of no known kind lists every kind's usage.
+  """
+  if not isinstance(text, str) or not text.strip() or '@' in text:
+    raise ValueError(f'draft {text!r}: expected a non-empty draft spec without @')
+  spec = parse_spec(text)
+  if spec.kind in DRAFTS and spec.kind not in BARE_KINDS[-1:]:
+    kind = DRAFTS.get(spec.kind)
+    return kind, kind.parse(spec)
+  for name in BARE_KINDS:
+    kind = DRAFTS.get(name)
+    try:
+      return kind, kind.parse(spec)
+    except ValueError:
+      continue
+  usages = '; '.join(DRAFTS.get(name).usage for name in DRAFTS.names)
+  raise ValueError(f'unknown draft {text!r}: expected one of {usages}{DRAFTS.suggest(spec.kind)}')
+
+
+def build_draft(text: str, target, dtype: str = 'float32'):
+  """(drafter, draft params or None) for a draft spec, checked against the loaded target
+  (a specjax.checkpoints.loader.LoadedModel)."""
+  kind, settings = parse_draft(text)
+  return kind.build(settings, target, dtype)

@@ -1,0 +1,176 @@
+"""The run config's fields, their checks, and the method grammar: validation before work.
+
+`validate(config)` checks every field of a `python -m specjax.run` config (unknown and
+missing fields included, with the closest known names), every draft spec, method name,
+verifier and sampling setting, before any model loads or any cost is measured; each
+error is one line naming the field, the value and what was expected.
+
+Methods are named 'autoregressive', '<draft>@<gamma>' (a fixed draft length) or
+'<draft>@adaptive'; `build_methods` expands config.drafts x config.gammas (and adaptive).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+import ml_collections
+
+from specjax import config_lib, registry
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig
+
+# Every field of a run config (configs/smollm2.py), with what it holds.
+FIELDS = {
+  'model': 'target model spec: asset name, .gguf file, Hugging Face directory, or tiny',
+  'dtype': f'parameter dtype, one of {sorted(loader.DTYPES)}',
+  'prompt': 'one chat prompt (overrides prompts)',
+  'prompts': 'prompt set: humaneval, mtbench, mtbench:<category>, code_edit, or a JSONL file',
+  'num_prompts': 'how many prompts of the set',
+  'batch_size': 'rows per batch',
+  'max_new_tokens': 'new tokens per prompt',
+  'cache_size': 'the most KV slots a row may use',
+  'temperature': 'sampling temperature (0: greedy)',
+  'top_k': 'top-k restriction (0: none)',
+  'top_p': 'nucleus restriction (1: none)',
+  'seed': 'PRNG seed',
+  'mesh': 'device mesh: data and model axis sizes',
+  'drafts': 'draft specs (specjax/registry.py)',
+  'verifier': f'one of {list(registry.VERIFIERS.names)}',
+  'gammas': 'fixed draft lengths',
+  'adaptive_gammas': 'draft lengths adaptive control chooses from (with 0)',
+  'methods': 'a comma-separated subset of the methods, or others in the same syntax',
+  'measure_costs': 'time draft and verify steps before decoding',
+}
+
+
+def check_fields(config: ml_collections.ConfigDict, known) -> None:
+  """Unknown or missing top-level fields are an error naming them (closest known names)."""
+  have = set(config.keys())
+  for name in sorted(have - set(known)):
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    hint = f'; did you mean {" or ".join(close)}?' if close else ''
+    raise ValueError(f'config.{name}: unknown field{hint} (known: {", ".join(known)})')
+  missing = sorted(set(known) - have)
+  if missing:
+    raise ValueError(f'config is missing the fields {", ".join(missing)}')
+
+
+def _check_int(config, field: str, low: int) -> None:
+  value = config[field]
+  config_lib.check(
+    isinstance(value, int) and not isinstance(value, bool) and value >= low,
+    field,
+    value,
+    f'an integer >= {low}',
+  )
+
+
+def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
+  """Checks the whole run config; returns the methods it runs (see build_methods)."""
+  c = config
+  check_fields(c, FIELDS)
+  for field, low in (('num_prompts', 1), ('batch_size', 1), ('max_new_tokens', 1), ('seed', 0)):
+    _check_int(c, field, low)
+  _check_int(c, 'cache_size', 2)
+  config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
+  config_lib.check(
+    set(c.mesh.keys()) == {'data', 'model'} and c.mesh.data >= 1 and c.mesh.model >= 1,
+    'mesh',
+    c.mesh.to_dict(),
+    'data >= 1 and model >= 1',
+  )
+  for field in ('gammas', 'adaptive_gammas'):
+    values = tuple(c.get(field, ()))
+    config_lib.check(
+      all(isinstance(g, int) and g >= 1 for g in values),
+      field,
+      values,
+      'draft lengths, each an integer >= 1',
+    )
+  config_lib.check(
+    c.verifier in registry.VERIFIERS, 'verifier', c.verifier, f'one of {registry.VERIFIERS.names}'
+  )
+  if c.prompt and not c.prompt.strip():
+    raise ValueError('config.prompt is empty (only whitespace)')
+  try:
+    sampling = SamplingConfig(c.temperature, c.top_k, c.top_p)
+  except ValueError as e:
+    raise ValueError(f'config: {e}') from None
+  if registry.VERIFIERS.get(c.verifier).greedy_only and not sampling.greedy:
+    raise ValueError(
+      f'config.verifier = {c.verifier!r} is only lossless for greedy decoding, but '
+      f'config.temperature = {c.temperature}: use rejection or block, or temperature 0'
+    )
+  loader.check_model_spec(c.model)
+  for spec in c.drafts:
+    config_lib.check(
+      isinstance(spec, str) and spec and '@' not in spec,
+      'drafts',
+      tuple(c.drafts),
+      'non-empty draft specs (without @)',
+    )
+  methods = build_methods(c)
+  for spec in dict.fromkeys(m.draft for m in methods if m.draft):
+    registry.parse_draft(spec)
+  return methods
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodName:
+  """A method as a run names it: 'autoregressive', '<draft>@<gamma>' or '<draft>@adaptive'."""
+
+  name: str
+  draft: str = ''
+  gamma: int = 0
+  adaptive: bool = False
+
+
+AUTOREGRESSIVE = MethodName('autoregressive')
+
+
+def parse_method(text: str) -> MethodName:
+  text = text.strip()
+  if text == 'autoregressive':
+    return AUTOREGRESSIVE
+  draft, at, setting = text.rpartition('@')
+  if not at or not draft or not (setting == 'adaptive' or setting.isdigit()):
+    raise ValueError(
+      f'unknown method {text!r}: expected "autoregressive", "<draft>@<gamma>" or '
+      f'"<draft>@adaptive", with a draft one of: {", ".join(registry.DRAFTS.names)}'
+    )
+  if setting == 'adaptive':
+    return MethodName(text, draft, 0, True)
+  gamma = int(setting)
+  config_lib.check(gamma >= 1, 'methods', text, 'a draft length >= 1 after the @')
+  return MethodName(text, draft, gamma)
+
+
+def build_methods(config) -> list[MethodName]:
+  """Autoregressive first, then every draft at every gamma (and adaptive), or config.methods.
+
+  The declared set is config.drafts x config.gammas, plus '<draft>@adaptive' per draft
+  when config.adaptive_gammas is set. config.methods (comma separated) picks a subset
+  of those, or names others in the same syntax.
+  """
+  declared = [AUTOREGRESSIVE]
+  for spec in config.drafts:
+    declared += [MethodName(f'{spec}@{g}', spec, g) for g in config.gammas]
+    if config.adaptive_gammas:
+      declared.append(MethodName(f'{spec}@adaptive', spec, 0, True))
+  if not config.methods:
+    return declared
+  known = {m.name: m for m in declared}
+  chosen = [AUTOREGRESSIVE]  # the baseline always runs
+  for text in config.methods.split(','):
+    if not text.strip():
+      continue
+    try:
+      method = known.get(text.strip()) or parse_method(text)
+    except ValueError as e:
+      raise ValueError(f'config.methods: {e}; this config declares: {", ".join(known)}') from None
+    if method.adaptive and not config.adaptive_gammas:
+      raise ValueError(f'config.methods: {method.name} needs config.adaptive_gammas')
+    if method.name not in {m.name for m in chosen}:
+      chosen.append(method)
+  return chosen
