@@ -44,19 +44,15 @@ def per_token_alpha(pairs: Sequence[tuple[int, int]]) -> float | None:
   return successes / max(successes + sum(a < d for a, d in pairs), 1)
 
 
-def record(prompt, ids, out, row: int, tokenizer, method: str, batch: int) -> dict:
-  """One (method, prompt) record from row `row` of a GenerationOutput."""
+def row_record(out, row: int, method: str = '', batch: int = 0) -> dict:
+  """The numbers of row `row` of a GenerationOutput: tokens, per-iteration accepted and
+  drafted counts, target calls and timings (the batch's)."""
   tokens = out.tokens[row]
   accepted = out.accepted[row] if out.accepted else []
   drafted = out.drafted[row] if out.drafted else []
   return {
     'method': method,
-    'id': prompt.id,
-    'category': prompt.category,
-    'prompt': prompt.text,
-    'output': tokenizer.decode(tokens),
     'tokens': tokens,
-    'prompt_tokens': len(ids),
     'new_tokens': len(tokens),
     'target_calls': len(accepted) + 1,
     'accepted': accepted,
@@ -70,6 +66,20 @@ def record(prompt, ids, out, row: int, tokenizer, method: str, batch: int) -> di
     'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
     'decode_tokens_per_second': out.decode_tokens_per_second,
   }
+
+
+def record(prompt, ids, out, row: int, tokenizer, method: str, batch: int) -> dict:
+  """One (method, prompt) record: row_record plus the prompt and the generated text."""
+  rec = row_record(out, row, method, batch)
+  text = {'id': prompt.id, 'category': prompt.category, 'prompt': prompt.text}
+  text.update(output=tokenizer.decode(rec['tokens']), prompt_tokens=len(ids))
+  return {'method': method, **text, **{k: v for k, v in rec.items() if k != 'method'}}
+
+
+def summarize_output(out) -> Summary:
+  """A Summary of one batch (all its rows), e.g. N paths of one prompt."""
+  recs = [row_record(out, row) for row in range(len(out.tokens))]
+  return summarize_method(recs, recs, out.compile_seconds)
 
 
 @dataclasses.dataclass

@@ -187,10 +187,11 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
 
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
   drafts, adaptive = {}, {}
-  for name, m in summary['methods'].items():
+  for name, data in summary['methods'].items():
+    m = Summary.from_json(data)
     draft, _, setting = name.rpartition('@')
     if setting.isdigit():
-      drafts.setdefault(draft, []).append((int(setting), m['speedup'], m['tokens_per_call']))
+      drafts.setdefault(draft, []).append((int(setting), m.speedup, m.tokens_per_call))
     elif setting == 'adaptive':
       adaptive[draft] = m
   for draft, points in drafts.items():
@@ -199,11 +200,11 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
     right.plot(g, tpc, marker='o', label=draft)
     if draft in adaptive:
       left.axhline(
-        adaptive[draft]['speedup'], color=line.get_color(), linestyle=':', label=f'{draft} adaptive'
+        adaptive[draft].speedup, color=line.get_color(), linestyle=':', label=f'{draft} adaptive'
       )
   for draft, m in adaptive.items():
     if draft not in drafts:
-      left.axhline(m['speedup'], linestyle=':', label=f'{draft} adaptive')
+      left.axhline(m.speedup, linestyle=':', label=f'{draft} adaptive')
   left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
   left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
   right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')

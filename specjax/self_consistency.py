@@ -89,17 +89,17 @@ def run_paths(
 
 
 def method_stats(out: GenerationOutput) -> dict:
-  seconds = out.prefill_seconds + out.decode_seconds
+  """One method's figures on one prompt's N paths (specjax.metrics.Summary)."""
+  m = metrics.summarize_output(out)
   return {
-    'tokens': out.num_generated,
+    'tokens': m.new_tokens,
     'target_calls': out.target_calls,
-    'tokens_per_call': metrics.tokens_per_call(
-      out.num_generated, sum(len(a) + 1 for a in out.accepted)
-    ),
-    'seconds': seconds,
-    'tokens_per_second': out.num_generated / max(seconds, 1e-9),
-    'acceptance_rate': None if np.isnan(out.acceptance_rate) else out.acceptance_rate,
-    'compile_seconds': out.compile_seconds,
+    'tokens_per_call': m.tokens_per_call,
+    'seconds': out.prefill_seconds + out.decode_seconds,
+    'tokens_per_second': m.tokens_per_second,
+    'acceptance_rate': m.acceptance_rate,
+    'alpha': m.alpha,
+    'compile_seconds': m.compile_seconds,
   }
 
 

@@ -7,31 +7,19 @@ Example:
   python -m specjax.train_draft --config configs/distill_smollm2.py:tiny --workdir /tmp/tiny
 """
 
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
+from specjax import config_lib
 from specjax.train import trainer
 
-_CONFIG = config_flags.DEFINE_config_file(
-  'config', None, 'Distillation config (configs/*.py).', lock_config=True
-)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, plots and the draft.')
 _BAR = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if _CONFIG.value is None or _WORKDIR.value is None:
-    raise app.UsageError('--config and --workdir are required')
+def main(config, workdir):
+  if workdir is None:
+    raise ValueError('--workdir is required: checkpoints, metrics, plots and the draft go there')
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  try:
-    result = trainer.train(_CONFIG.value, _WORKDIR.value, progress_bar=_BAR.value)
-  except (ValueError, FileNotFoundError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  result = trainer.train(config, workdir, progress_bar=_BAR.value)
   print(
     'final evaluation: '
     + ', '.join(f'{k}={v:.4f}' for k, v in result.items() if isinstance(v, float))
@@ -39,4 +27,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  config_lib.run_cli(main, 'configs/distill_smollm2.py')

@@ -7,17 +7,14 @@ import sys
 
 import pytest
 
-from specjax import metrics, run_lib
+from specjax import config_lib, metrics, run_lib
 from specjax.checkpoints import loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_config(**overrides):
-  sys.path.insert(0, os.path.join(ROOT, 'configs'))
-  import smollm2  # noqa: E402  (configs/ is not a package)
-
-  config = smollm2.get_config('tiny')
+  config = config_lib.load_config('smollm2.py', 'tiny')
   config.update(overrides)
   return config
 
@@ -236,6 +233,33 @@ def test_command_line_overrides_and_errors(tmp_path):
   )
   assert bad.returncode == 2 and 'config.max_new_tokens = 0' in bad.stderr
   assert 'Traceback' not in bad.stderr
+  # An override of a field the config lacks: one line naming it and the closest fields.
+  typo = subprocess.run(
+    base + ['--config.gamas=(2,)'], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
+  assert typo.returncode == 2 and 'Traceback' not in typo.stderr
+  assert typo.stderr.strip().splitlines() == [
+    "error: --config.gamas: configs/smollm2.py has no field 'gamas'; did you mean gammas or "
+    'adaptive_gammas? '
+    '(known: adaptive_gammas, batch_size, cache_size, drafts, dtype, gammas, max_new_tokens, '
+    'measure_costs, mesh, methods, model, num_prompts, prompt, prompts, seed, temperature, '
+    'top_k, top_p, verifier)'
+  ]
+
+
+def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
+  def no_loading(*args, **kwargs):
+    raise AssertionError('a model was loaded before the config was checked')
+
+  monkeypatch.setattr(loader, 'load_model', no_loading)
+  with pytest.raises(ValueError, match="config.verifier = 'greedy' is only lossless for greedy"):
+    run_lib.main(tiny_config(verifier='greedy', temperature=1.0), str(tmp_path), verbose=False)
+  with pytest.raises(ValueError, match='config.gama: unknown field; did you mean gammas'):
+    run_lib.main(tiny_config(gama=3), str(tmp_path), verbose=False)
+  with pytest.raises(ValueError, match="unknown draft 'ngrm'.*did you mean 'ngram'"):
+    run_lib.main(tiny_config(drafts=('ngrm',)), str(tmp_path), verbose=False)
+  with pytest.raises(ValueError, match='k >= 1 and 0 <= max_mismatches < k'):
+    run_lib.main(tiny_config(drafts=('consensus:2,k=1,m=1',)), str(tmp_path), verbose=False)
 
 
 @pytest.mark.slow

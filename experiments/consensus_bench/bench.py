@@ -15,39 +15,40 @@ batched decoding of the same N paths.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import pathlib
-import platform
-import subprocess
 import sys
 
 import numpy as np
+from absl import app, flags
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
-from specjax import self_consistency as sc  # noqa: E402
-from specjax.data import prompts as prompts_lib  # noqa: E402
-from specjax.decode.engine import Engine  # noqa: E402
-from specjax.decode.sampling import SamplingConfig  # noqa: E402
-from specjax.drafters import ConsensusDrafter, NgramDrafter  # noqa: E402
-from specjax.models import loader  # noqa: E402
+from specjax import self_consistency as sc
+from specjax.bench import provenance, tables
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig
+from specjax.data import prompts as prompts_lib
+from specjax.decode.engine import Engine
+from specjax.drafters import ConsensusDrafter, NgramDrafter
+
+flags.DEFINE_string(
+  'sets', 'mtbench:math,mtbench:reasoning,humaneval', 'Comma-separated prompt sets.'
+)
+flags.DEFINE_integer('num_prompts', 3, 'Prompts per set (the first N).')
+flags.DEFINE_integer('n', 8, 'Paths sampled per prompt, decoded as one batch.')
+flags.DEFINE_string('gammas', '2,4', 'Comma-separated draft lengths.')
+flags.DEFINE_float('temperature', 0.7, 'Sampling temperature.')
+flags.DEFINE_integer('max_new', 128, 'Tokens generated per path.')
+flags.DEFINE_string('proposals', 'mode,sample', 'Comma-separated consensus proposal modes.')
+flags.DEFINE_integer('k', 4, "Consensus drafts: how many of a path's last tokens are matched.")
+flags.DEFINE_integer('m', 1, 'Consensus drafts: how many of those k may differ.')
+flags.DEFINE_string('out', 'experiments/consensus_bench/results', 'Folder for results.json.')
+FLAGS = flags.FLAGS
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--sets', default='mtbench:math,mtbench:reasoning,humaneval')
-  parser.add_argument('--num_prompts', type=int, default=3)
-  parser.add_argument('--n', type=int, default=8)
-  parser.add_argument('--gammas', default='2,4')
-  parser.add_argument('--temperature', type=float, default=0.7)
-  parser.add_argument('--max_new', type=int, default=128)
-  parser.add_argument('--proposals', default='mode,sample')
-  parser.add_argument('--k', type=int, default=4)
-  parser.add_argument('--m', type=int, default=1)
-  parser.add_argument('--out', default='experiments/consensus_bench/results')
-  args = parser.parse_args()
-  gammas = [int(g) for g in args.gammas.split(',')]
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  gammas = [int(g) for g in FLAGS.gammas.split(',')]
 
   target = loader.load_model('smollm2-135m-instruct')
   vocab, eos = target.cfg.vocab_size, target.tokenizer.eos_id
@@ -55,24 +56,24 @@ def main():
     target.params, target.cfg, eos_id=eos, cache_size=1024, drafter=NgramDrafter(vocab, n_max=3)
   )
   engines = {'ngram': base}
-  for proposal in args.proposals.split(','):
+  for proposal in FLAGS.proposals.split(','):
     drafter = ConsensusDrafter(
-      vocab, group=args.n, k=args.k, max_mismatches=args.m, n_max=3, proposal=proposal
+      vocab, group=FLAGS.n, k=FLAGS.k, max_mismatches=FLAGS.m, n_max=3, proposal=proposal
     )
     engines[f'consensus-{proposal}'] = Engine(
       base.params, target.cfg, eos_id=eos, cache_size=1024, drafter=drafter
     )
-  sampling = SamplingConfig(temperature=args.temperature)
+  sampling = SamplingConfig(temperature=FLAGS.temperature)
   records = []
-  for spec in args.sets.split(','):
-    for i, prompt in enumerate(prompts_lib.load_prompts(spec, args.num_prompts)):
+  for spec in FLAGS.sets.split(','):
+    for i, prompt in enumerate(prompts_lib.load_prompts(spec, FLAGS.num_prompts)):
       ids = target.tokenizer.encode_chat(prompt.text)
       row = {'set': spec, 'id': prompt.id, 'methods': {}}
       runs = [('autoregressive', base, 0)] + [
         (f'{name} g{g}', e, g) for name, e in engines.items() for g in gammas
       ]
       for label, engine, gamma in runs:
-        out = sc.run_paths(engine, ids, args.n, args.max_new, sampling, seed=i, gamma=gamma)
+        out = sc.run_paths(engine, ids, FLAGS.n, FLAGS.max_new, sampling, seed=i, gamma=gamma)
         stats = sc.method_stats(out)
         if label.startswith('consensus'):
           texts = [target.tokenizer.decode(t) for t in out.tokens]
@@ -86,7 +87,7 @@ def main():
       records.append(row)
 
   summary = {}
-  for spec in args.sets.split(','):
+  for spec in FLAGS.sets.split(','):
     rows = [r for r in records if r['set'] == spec]
     out = {}
     for label in rows[0]['methods']:
@@ -106,31 +107,33 @@ def main():
         )
     summary[spec] = out
 
-  commit = subprocess.run(
-    ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
-  ).stdout.strip()
   result = {
-    'args': vars(args),
-    'commit': commit,
-    'date': datetime.date.today().isoformat(),
-    'machine': platform.processor() or platform.machine(),
+    'args': {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.modules[__name__])},
+    'provenance': provenance.provenance(),
     'summary': summary,
     'prompts': records,
   }
-  path = pathlib.Path(args.out)
+  path = pathlib.Path(FLAGS.out)
   path.mkdir(parents=True, exist_ok=True)
   (path / 'results.json').write_text(json.dumps(result, indent=1))
-  print('| set | method | tokens/call | vs own n-gram | acceptance | tok/s | speedup |')
-  print('|---|---|---|---|---|---|---|')
+  header = ['set', 'method', 'tokens/call', 'vs own n-gram', 'acceptance', 'tok/s', 'speedup']
+  rows = []
   for spec, out in summary.items():
     for label, s in out.items():
       vs = s.get('tokens_per_call_vs_ngram')
-      print(
-        f'| {spec} | {label} | {s["tokens_per_call"]:.2f} | '
-        f'{"" if vs is None else f"{vs:.2f}x"} | {s["acceptance"]:.2f} | '
-        f'{s["tokens_per_second"]:.1f} | {s["speedup"]:.2f}x |'
+      rows.append(
+        [
+          spec,
+          label,
+          s['tokens_per_call'],
+          None if vs is None else f'{vs:.2f}x',
+          s['acceptance'],
+          s['tokens_per_second'],
+          f'{s["speedup"]:.2f}x',
+        ]
       )
+  print(tables.markdown_table(header, rows, formats={'tok/s': '.1f'}))
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

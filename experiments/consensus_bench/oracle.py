@@ -36,20 +36,35 @@ over these paths can reach the issue's 1.5x.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
+from absl import app, flags
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
-from specjax.data import prompts as prompts_lib  # noqa: E402
-from specjax.decode.engine import Engine  # noqa: E402
-from specjax.decode.sampling import SamplingConfig  # noqa: E402
-from specjax.models import loader  # noqa: E402
+from specjax.bench import provenance, tables
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig
+from specjax.data import prompts as prompts_lib
+from specjax.decode.engine import Engine
+
+flags.DEFINE_string(
+  'sets', 'mtbench:math,mtbench:reasoning,humaneval', 'Comma-separated prompt sets.'
+)
+flags.DEFINE_integer('num_prompts', 3, 'Prompts per set (the first N).')
+flags.DEFINE_integer('n', 8, 'Paths sampled per prompt, decoded as one batch.')
+flags.DEFINE_float('temperature', 0.7, 'Sampling temperature.')
+flags.DEFINE_integer('max_new', 128, 'Tokens generated per path.')
+flags.DEFINE_string('gammas', '2,4', 'Comma-separated draft lengths.')
+flags.DEFINE_string('matched', '4:1,3:1,2:0,1:0', '(k:m) settings for the matched oracle')
+flags.DEFINE_string(
+  'replay', '', 'texts.jsonl of an earlier run: replay its paths instead of sampling'
+)
+flags.DEFINE_string(
+  'out', 'experiments/consensus_bench/oracle', 'Folder for results.json, table.md, texts.jsonl.'
+)
+FLAGS = flags.FLAGS
 
 SEP = '\x00'
 
@@ -153,34 +168,19 @@ def replay(
   return [len(path) / c for path, c in zip(paths, calls)]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--sets', default='mtbench:math,mtbench:reasoning,humaneval')
-  parser.add_argument('--num_prompts', type=int, default=3)
-  parser.add_argument('--n', type=int, default=8)
-  parser.add_argument('--temperature', type=float, default=0.7)
-  parser.add_argument('--max_new', type=int, default=128)
-  parser.add_argument('--gammas', default='2,4')
-  parser.add_argument(
-    '--matched', default='4:1,3:1,2:0,1:0', help='(k:m) settings for the matched oracle'
-  )
-  parser.add_argument(
-    '--replay',
-    default='',
-    help='texts.jsonl of an earlier run: replay its paths instead of sampling',
-  )
-  parser.add_argument('--out', default='experiments/consensus_bench/oracle')
-  args = parser.parse_args()
-  gammas = [int(g) for g in args.gammas.split(',')]
-  matched = [tuple(int(x) for x in km.split(':')) for km in args.matched.split(',') if km]
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  gammas = [int(g) for g in FLAGS.gammas.split(',')]
+  matched = [tuple(int(x) for x in km.split(':')) for km in FLAGS.matched.split(',') if km]
   modes = ['own', 'oracle', 'oracle_full'] + [f'matched k={k} m={m}' for k, m in matched]
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
 
   groups = {}  # (set, id) -> (prompt tokens, [path tokens])
   texts = []
-  if args.replay:
-    for line in open(args.replay):
+  if FLAGS.replay:
+    for line in open(FLAGS.replay):
       t = json.loads(line)
       texts.append(t)
       groups.setdefault((t['set'], t['id']), (t['prompt_tokens'], []))[1].append(t['tokens'])
@@ -188,11 +188,11 @@ def main():
     target = loader.load_model('smollm2-135m-instruct')
     tok = target.tokenizer
     engine = Engine(target.params, target.cfg, eos_id=tok.eos_id, cache_size=1024)
-    sampling = SamplingConfig(temperature=args.temperature)
-    for name in args.sets.split(','):
-      for i, p in enumerate(prompts_lib.load_prompts(name)[: args.num_prompts]):
+    sampling = SamplingConfig(temperature=FLAGS.temperature)
+    for name in FLAGS.sets.split(','):
+      for i, p in enumerate(prompts_lib.load_prompts(name)[: FLAGS.num_prompts]):
         prompt = tok.encode_chat(p.text)
-        o = engine.generate([prompt] * args.n, args.max_new, sampling, seed=i)
+        o = engine.generate([prompt] * FLAGS.n, FLAGS.max_new, sampling, seed=i)
         paths = [list(map(int, t)) for t in o.tokens]
         groups[name, p.id] = (prompt, paths)
         texts += [
@@ -224,32 +224,27 @@ def main():
         flush=True,
       )
 
-  lines = ['| set | γ | ' + ' | '.join(modes) + ' |', '|---|---|' + '---|' * len(modes)]
+  table_rows = []
   summary = {}
   for name in dict.fromkeys(r['set'] for r in rows):
     for g in gammas:
       sel = [r for r in rows if r['set'] == name and r['gamma'] == g]
       mean = {mode: float(np.mean([r[mode] for r in sel])) for mode in modes}
       summary[f'{name} g{g}'] = mean
-      lines.append(
-        f'| {name} | {g} | '
-        + ' | '.join(
+      table_rows.append(
+        [name, g]
+        + [
           f'{v:.2f}' + ('' if mode == 'own' else f' ({v / mean["own"]:.2f}x)')
           for mode, v in mean.items()
-        )
-        + ' |'
+        ]
       )
-  table = '\n'.join(lines)
+  table = tables.markdown_table(['set', 'γ', *modes], table_rows)
   print(table)
-  commit = subprocess.run(
-    ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
-  ).stdout.strip()
   (out / 'results.json').write_text(
     json.dumps(
       {
-        'args': vars(args),
-        'commit': commit,
-        'date': str(datetime.date.today()),
+        'args': {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.modules[__name__])},
+        'provenance': provenance.provenance(),
         'summary': summary,
         'prompts': rows,
       },
@@ -258,11 +253,11 @@ def main():
     + '\n'
   )
   (out / 'table.md').write_text(table + '\n')
-  if not args.replay:
+  if not FLAGS.replay:
     with open(out / 'texts.jsonl', 'w') as f:
       for t in texts:
         f.write(json.dumps(t) + '\n')
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

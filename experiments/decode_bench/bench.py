@@ -10,28 +10,32 @@ Measures, interleaved round by round so machine drift hits every method alike:
     and batch-1 bytes of weights read per step / step time as a fraction of that bandwidth;
   * transformers (torch CPU, the same GGUF, float32): greedy tokens/s at batch 1.
 EOS is disabled on both sides so that every run generates exactly --max_new tokens.
-Reports medians over rounds and writes results.json and a markdown table.
+Reports medians over rounds in results.json (with the run's provenance) and prints it.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
-import subprocess
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
 from specjax import assets
+from specjax.bench import provenance
+from specjax.checkpoints import loader
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
-from specjax.models import loader
+
+flags.DEFINE_integer('rounds', 3, 'Rounds of every measurement; medians are reported.')
+flags.DEFINE_integer('max_new', 128, 'Tokens generated per prompt (EOS disabled).')
+flags.DEFINE_string('out', 'experiments/decode_bench/results', 'Folder for results.json.')
+flags.DEFINE_bool('skip_transformers', False, 'Leave out the transformers comparison.')
+FLAGS = flags.FLAGS
 
 
 def read_bandwidth(nbytes: int, repeats: int = 7) -> dict[str, float]:
@@ -85,13 +89,9 @@ def transformers_greedy(model, prompt: list[int], max_new: int) -> tuple[float, 
   return prefill, total
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--rounds', type=int, default=3)
-  parser.add_argument('--max_new', type=int, default=128)
-  parser.add_argument('--out', default='experiments/decode_bench/results')
-  parser.add_argument('--skip_transformers', action='store_true')
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
 
   model = loader.load_model('smollm2-135m-instruct')
   tok = model.tokenizer
@@ -100,7 +100,9 @@ def main():
   long_prompt = (sum(prompts, []) * 4)[:128]
   engine = Engine(model.params, model.cfg, eos_id=-1, cache_size=1024)
   weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
-  hf = None if args.skip_transformers else transformers_model(assets.fetch('smollm2-135m-instruct'))
+  hf = (
+    None if FLAGS.skip_transformers else transformers_model(assets.fetch('smollm2-135m-instruct'))
+  )
 
   rows = {
     k: []
@@ -117,26 +119,26 @@ def main():
       'sj_e2e_b1',
     )
   }
-  for r in range(args.rounds):
+  for r in range(FLAGS.rounds):
     bw = read_bandwidth(weight_bytes)
     rows['bw_numpy'].append(bw['numpy'])
     rows['bw_jax'].append(bw['jax'])
     rows['prefill128_ms'].append(1e3 * engine.generate([long_prompt], 1).prefill_seconds)
-    b1 = [engine.generate([p], args.max_new) for p in prompts]
+    b1 = [engine.generate([p], FLAGS.max_new) for p in prompts]
     rows['b1'].append(np.median([o.decode_tokens_per_second for o in b1]))
     rows['b1_step_ms'].append(np.median([o.decode_seconds / o.steps * 1e3 for o in b1]))
     rows['sj_e2e_b1'].append(
-      np.median([args.max_new / (o.prefill_seconds + o.decode_seconds) for o in b1])
+      np.median([FLAGS.max_new / (o.prefill_seconds + o.decode_seconds) for o in b1])
     )
     for b in (4, 8):
-      o = engine.generate(prompts[:b] if b <= len(prompts) else (prompts * 2)[:b], args.max_new)
+      o = engine.generate(prompts[:b] if b <= len(prompts) else (prompts * 2)[:b], FLAGS.max_new)
       rows[f'b{b}'].append(o.decode_tokens_per_second)
     if hf is not None:
-      runs = [transformers_greedy(hf, p, args.max_new) for p in prompts]
-      rows['hf_b1'].append(np.median([(args.max_new - 1) / (total - pre) for pre, total in runs]))
-      rows['hf_e2e_b1'].append(np.median([args.max_new / total for _, total in runs]))
+      runs = [transformers_greedy(hf, p, FLAGS.max_new) for p in prompts]
+      rows['hf_b1'].append(np.median([(FLAGS.max_new - 1) / (total - pre) for pre, total in runs]))
+      rows['hf_e2e_b1'].append(np.median([FLAGS.max_new / total for _, total in runs]))
     print(
-      f'round {r + 1}/{args.rounds}: '
+      f'round {r + 1}/{FLAGS.rounds}: '
       + ', '.join(f'{k}={v[-1]:.1f}' for k, v in rows.items() if v),
       flush=True,
     )
@@ -145,14 +147,10 @@ def main():
   bandwidth = max(med['bw_numpy'], med['bw_jax'])
   achieved = weight_bytes / (med['b1_step_ms'] / 1e3) / 1e9
   result = {
-    'date': datetime.date.today().isoformat(),
-    'commit': subprocess.run(
-      ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
-    ).stdout.strip(),
-    'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores, '
-    f'jax {jax.__version__} {jax.devices()[0].platform}',
-    'rounds': args.rounds,
-    'max_new': args.max_new,
+    'provenance': provenance.provenance(),
+    'backend': jax.default_backend(),
+    'rounds': FLAGS.rounds,
+    'max_new': FLAGS.max_new,
     'prompts': len(prompts),
     'weight_bytes': weight_bytes,
     'medians': med,
@@ -163,11 +161,11 @@ def main():
   if 'hf_b1' in med:
     result['speedup_vs_transformers_decode'] = med['b1'] / med['hf_b1']
     result['speedup_vs_transformers_e2e'] = med['sj_e2e_b1'] / med['hf_e2e_b1']
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'results.json').write_text(json.dumps(result, indent=2))
   print(json.dumps(result, indent=2))
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

@@ -15,33 +15,32 @@ losslessness, which the greedy-identity tests cannot see.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-import sys
-
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
-from specjax.data import prompts as prompts_lib  # noqa: E402
-from specjax.decode.engine import Engine  # noqa: E402
-from specjax.drafters import distilled  # noqa: E402
-from specjax.models import loader  # noqa: E402
-from specjax.models.kv_cache import KVCache  # noqa: E402
+from specjax import registry
+from specjax.bench import tables
+from specjax.checkpoints import loader
+from specjax.data import prompts as prompts_lib
+from specjax.decode.engine import Engine
+from specjax.drafters import distilled
+from specjax.models.kv_cache import KVCache
+
+flags.DEFINE_string('draft', 'distilled', 'A distilled draft spec: distilled or distilled:DIR.')
+flags.DEFINE_string('prompts', 'humaneval', 'The prompt set.')
+flags.DEFINE_integer('num_prompts', 4, 'Prompts (the first N of the set).')
+flags.DEFINE_integer('max_new', 96, 'Tokens generated per prompt.')
+FLAGS = flags.FLAGS
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--draft', default='distilled')
-  parser.add_argument('--prompts', default='humaneval')
-  parser.add_argument('--num_prompts', type=int, default=4)
-  parser.add_argument('--max_new', type=int, default=96)
-  args = parser.parse_args()
-
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   target = loader.load_model('smollm2-135m-instruct')
-  drafter, draft_params, label = loader.load_draft(args.draft, target)
+  drafter, draft_params = registry.build_draft(FLAGS.draft, target)
   if not isinstance(drafter, distilled.DistilledDrafter):
-    raise SystemExit(f'--draft {args.draft!r} is {label}, not a distilled draft')
+    raise SystemExit(f'--draft {FLAGS.draft!r} is {drafter.name}, not a distilled draft')
   eos = target.tokenizer.eos_id
   plain = Engine(target.params, target.cfg, eos_id=eos, cache_size=1024)
   spec = Engine(
@@ -52,10 +51,10 @@ def main():
     drafter=drafter,
     draft_params=draft_params,
   )
-  print(f'{"prompt":<16} {"teacher-forced, all":>20} {"at visited":>11} {"in the loop":>12}')
-  for p in prompts_lib.load_prompts(args.prompts)[: args.num_prompts]:
+  rows = []
+  for p in prompts_lib.load_prompts(FLAGS.prompts)[: FLAGS.num_prompts]:
     prompt = target.tokenizer.encode_chat(p.text)
-    answer = plain.generate([prompt], args.max_new).tokens[0]
+    answer = plain.generate([prompt], FLAGS.max_new).tokens[0]
     cache = KVCache.init(drafter.cfg, 1, len(prompt) + len(answer), jnp.float32)
     logits, _ = distilled.subset_logits(
       draft_params, jnp.asarray([prompt + answer]), cache, drafter.cfg
@@ -63,7 +62,7 @@ def main():
     predicted = np.asarray(draft_params['vocab_ids'])[np.asarray(logits[0].argmax(-1))]
     # Answer token j is predicted from prompt + answer[:j], at position len(prompt) - 1 + j.
     agree = predicted[len(prompt) - 1 : len(prompt) - 1 + len(answer)] == np.asarray(answer)
-    out = spec.generate([prompt], args.max_new, gamma=1, verifier='greedy')
+    out = spec.generate([prompt], FLAGS.max_new, gamma=1, verifier='greedy')
     if out.tokens[0] != answer:
       raise SystemExit(f'{p.id}: speculative output differs from the target greedy answer')
     position, visited, kept = 1, [], []  # the prefill emits answer[0]
@@ -72,8 +71,11 @@ def main():
         visited.append(agree[position])
         kept.append(accepted)
       position += accepted + 1
-    print(f'{p.id:<16} {agree[1:].mean():>20.3f} {np.mean(visited):>11.3f} {np.mean(kept):>12.3f}')
+    rows.append([p.id, float(agree[1:].mean()), float(np.mean(visited)), float(np.mean(kept))])
+    print(f'{p.id}: done', flush=True)
+  header = ['prompt', 'teacher-forced, all', 'at visited', 'in the loop']
+  print(tables.text_table(header, rows, digits=3))
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

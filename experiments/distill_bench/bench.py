@@ -17,29 +17,45 @@ The draft's per-token cost is timed against the target's step in the same run.
 
 from __future__ import annotations
 
-import argparse
-import datetime
+import importlib.util
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 import time
 
-import jax
 import numpy as np
+from absl import app, flags
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
-import cost as cost_lib  # noqa: E402
+from specjax import registry
+from specjax.bench import provenance
+from specjax.checkpoints import draft_dir, hf, loader
+from specjax.core.sampling import SamplingConfig
+from specjax.data import prompts as prompts_lib
+from specjax.decode.engine import Engine
+from specjax.drafters import distilled
 
-from specjax.checkpoints import hf  # noqa: E402
-from specjax.data import prompts as prompts_lib  # noqa: E402
-from specjax.decode.engine import Engine  # noqa: E402
-from specjax.decode.sampling import SamplingConfig  # noqa: E402
-from specjax.drafters import distilled  # noqa: E402
-from specjax.models import llama, loader  # noqa: E402
+flags.DEFINE_string('draft', 'distilled', 'A distilled draft spec: distilled or distilled:DIR.')
+flags.DEFINE_string('gammas', '3,5', 'Comma-separated draft lengths.')
+flags.DEFINE_integer('max_new', 128, 'Tokens generated per prompt.')
+flags.DEFINE_integer('num_prompts', 8, 'HumanEval prompts (the first N).')
+flags.DEFINE_bool('compare_init', False, 'Also the draft before distillation.')
+flags.DEFINE_bool('t1', False, 'also temperature 1 on HumanEval')
+flags.DEFINE_bool('transformers', False, "Also transformers' greedy and assisted generation.")
+flags.DEFINE_string('out', 'experiments/distill_bench/results', 'Folder for results.json.')
+FLAGS = flags.FLAGS
+
+
+def _sibling(name: str):
+  """The module `name`.py of this folder (experiments/ is not a package)."""
+  path = pathlib.Path(__file__).with_name(f'{name}.py')
+  spec = importlib.util.spec_from_file_location(f'distill_bench_{name}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+cost_lib = _sibling('cost')  # step_ms, subset_forward: the same timing as cost.py
 
 
 def prompt_sets(tokenizer, n):
@@ -110,23 +126,15 @@ def init_draft(target, cfg, params, info):
   )[1]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--draft', default='distilled')
-  parser.add_argument('--gammas', default='3,5')
-  parser.add_argument('--max_new', type=int, default=128)
-  parser.add_argument('--num_prompts', type=int, default=8)
-  parser.add_argument('--compare_init', action='store_true')
-  parser.add_argument('--t1', action='store_true', help='also temperature 1 on HumanEval')
-  parser.add_argument('--transformers', action='store_true')
-  parser.add_argument('--out', default='experiments/distill_bench/results')
-  args = parser.parse_args()
-  gammas = [int(g) for g in args.gammas.split(',')]
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  gammas = [int(g) for g in FLAGS.gammas.split(',')]
 
   target = loader.load_model('smollm2-135m-instruct')
-  drafter, draft_params, label = loader.load_draft(args.draft, target)
-  path = loader.DISTILLED_DRAFT if args.draft == 'distilled' else args.draft.split(':')[-1]
-  _, _, info = distilled.load_draft_dir(path, target.params['embed'])
+  drafter, draft_params = registry.build_draft(FLAGS.draft, target)
+  path = distilled.SHIPPED if FLAGS.draft == 'distilled' else FLAGS.draft.split(':')[-1]
+  _, _, info = draft_dir.load_draft_dir(path, target.params['embed'])
   engine = Engine(
     target.params,
     target.cfg,
@@ -135,8 +143,8 @@ def main():
     drafter=drafter,
     draft_params=draft_params,
   )
-  sets = prompt_sets(target.tokenizer, args.num_prompts)
-  target_ms = cost_lib.step_ms(llama.forward, engine.params, target.cfg)
+  sets = prompt_sets(target.tokenizer, FLAGS.num_prompts)
+  target_ms = cost_lib.step_ms(target.cfg.family.forward, engine.params, target.cfg)
   draft_ms = cost_lib.step_ms(cost_lib.subset_forward, engine.draft_params, drafter.cfg)
   results = {
     'cost': {'target_step_ms': target_ms, 'draft_step_ms': draft_ms, 'ratio': draft_ms / target_ms}
@@ -146,9 +154,9 @@ def main():
     f'{target_ms:.2f} ms',
     flush=True,
   )
-  meta = _meta(args, label, info)
+  meta = _meta(drafter.name, info)
   init_engine = None
-  if args.compare_init:
+  if FLAGS.compare_init:
     init_engine = Engine(
       target.params,
       target.cfg,
@@ -157,19 +165,19 @@ def main():
       drafter=drafter,
       draft_params=init_draft(target, drafter.cfg, draft_params, info),
     )
-  settings = [(name, 0.0) for name in sets] + ([('humaneval', 1.0)] if args.t1 else [])
+  settings = [(name, 0.0) for name in sets] + ([('humaneval', 1.0)] if FLAGS.t1 else [])
   for name, temp in settings:
     sampling = SamplingConfig(temperature=temp)
-    base, base_out = run_specjax(engine, sets[name], 0, args.max_new, sampling)
+    base, base_out = run_specjax(engine, sets[name], 0, FLAGS.max_new, sampling)
     row = {'autoregressive': base}
     for g in gammas:
-      res, out = run_specjax(engine, sets[name], g, args.max_new, sampling)
+      res, out = run_specjax(engine, sets[name], g, FLAGS.max_new, sampling)
       res['speedup'] = res['tokens_per_second'] / base['tokens_per_second']
       if temp == 0:
         res['greedy_mismatches'] = sum(a != b for a, b in zip(out, base_out))
       row[f'speculative_gamma{g}'] = res
       if init_engine is not None:
-        res0, _ = run_specjax(init_engine, sets[name], g, args.max_new, sampling)
+        res0, _ = run_specjax(init_engine, sets[name], g, FLAGS.max_new, sampling)
         res0['speedup'] = res0['tokens_per_second'] / base['tokens_per_second']
         row[f'before_distillation_gamma{g}'] = res0
       print(
@@ -184,12 +192,12 @@ def main():
         flush=True,
       )
     results[f'{name}_T{temp:g}'] = row
-    save(args.out, meta, results)
-  if args.transformers:
+    save(FLAGS.out, meta, results)
+  if FLAGS.transformers:
     results['transformers'] = compare_transformers(
-      target, drafter, draft_params, sets, gammas, args.max_new, results
+      target, drafter, draft_params, sets, gammas, FLAGS.max_new, results
     )
-    save(args.out, meta, results)
+    save(FLAGS.out, meta, results)
 
 
 def save(folder, meta, results):
@@ -198,17 +206,13 @@ def save(folder, meta, results):
   (out / 'results.json').write_text(json.dumps({'meta': meta, 'results': results}, indent=2))
 
 
-def _meta(args, label, info):
+def _meta(label, info):
   return {
-    'date': datetime.date.today().isoformat(),
-    'commit': subprocess.run(
-      ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
-    ).stdout.strip(),
-    'machine': f'{os.cpu_count()} cores, jax {jax.__version__}',
+    **provenance.provenance(),
     'draft': label,
     'info': info,
-    'max_new': args.max_new,
-    'num_prompts': args.num_prompts,
+    'max_new': FLAGS.max_new,
+    'num_prompts': FLAGS.num_prompts,
   }
 
 
@@ -221,8 +225,7 @@ def compare_transformers(target, drafter, draft_params, sets, gammas, max_new, r
   torch.set_num_threads(os.cpu_count())
   tmp = pathlib.Path(tempfile.mkdtemp(prefix='distill_bench_'))
   hf.export_hf(tmp / 'target', target.cfg, target.params, target.tokenizer)
-  dcfg, dparams = distilled.full_vocab_model(drafter.cfg, draft_params)
-  hf.export_hf(tmp / 'draft', dcfg, dparams, target.tokenizer)
+  draft_dir.export_hf(tmp / 'draft', drafter.cfg, draft_params, target.tokenizer)
   model = transformers.AutoModelForCausalLM.from_pretrained(
     tmp / 'target', dtype=torch.float32
   ).eval()
@@ -253,4 +256,4 @@ def compare_transformers(target, drafter, draft_params, sets, gammas, max_new, r
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

@@ -8,27 +8,36 @@ subset). Weights are random (cost does not depend on them). Every figure is the 
 time of one 1-token forward at batch 1 against a 512-slot cache half full, run 16 times
 inside one jitted fori_loop (so dispatch is left out), interleaved with the target's own
 step in the same run, and reported as a ratio to it.
+
+bench.py imports `step_ms` and `subset_forward` from this file; the flags are defined
+only when it runs as a script, so that importing it defines none.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
-from specjax.drafters import distilled  # noqa: E402
-from specjax.models import llama, loader  # noqa: E402
-from specjax.models.kv_cache import KVCache  # noqa: E402
+from specjax.bench import provenance
+from specjax.checkpoints import loader
+from specjax.drafters import distilled
+from specjax.models.kv_cache import KVCache
+
+FLAGS = flags.FLAGS
 
 
-def step_ms(fn_logits, params, cfg, slots=512, inner=16, repeats=9):
+def define_flags():
+  flags.DEFINE_string('out', 'experiments/distill_bench/results/cost.json', 'The JSON written.')
+  flags.DEFINE_integer('rounds', 2, 'Rounds of timing every design; medians are reported.')
+
+
+def step_ms(fn_logits, params, cfg, cache_size=512, inner=16, repeats=9):
   def many(p, x, cache):
     def body(_, carry):
       x, cache, acc = carry
@@ -39,7 +48,7 @@ def step_ms(fn_logits, params, cfg, slots=512, inner=16, repeats=9):
     return jax.lax.fori_loop(0, inner, body, (x, cache, jnp.zeros(x.shape[:1])))[2]
 
   fn = jax.jit(many)
-  cache = KVCache.init(cfg, 1, slots).with_lengths(jnp.full((1,), slots // 2))
+  cache = KVCache.init(cfg, 1, cache_size).with_lengths(jnp.full((1,), cache_size // 2))
   x = jnp.ones((1, 1), jnp.int32)
   fn(params, x, cache).block_until_ready()
   times = []
@@ -68,11 +77,9 @@ DESIGNS = [  # (layers, ffn, vocabulary)
 ]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--out', default='experiments/distill_bench/results/cost.json')
-  parser.add_argument('--rounds', type=int, default=2)
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   target = loader.load_model('smollm2-135m-instruct')
   tparams = jax.device_put(target.params)
   drafts = {}
@@ -84,9 +91,9 @@ def main():
     drafts[(layers, ffn, vocab)] = (cfg, jax.device_put(params))
   rows = {d: [] for d in drafts}
   target_ms = []
-  for _ in range(args.rounds):
+  for _ in range(FLAGS.rounds):
     for d, (cfg, params) in drafts.items():
-      t = step_ms(llama.forward, tparams, target.cfg)
+      t = step_ms(target.cfg.family.forward, tparams, target.cfg)
       target_ms.append(t)
       rows[d].append(step_ms(subset_forward, params, cfg) / t)
   out = []
@@ -100,10 +107,16 @@ def main():
       flush=True,
     )
   print(f'target step: {np.median(target_ms):.2f} ms (median)')
-  path = pathlib.Path(args.out)
+  path = pathlib.Path(FLAGS.out)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({'target_ms': float(np.median(target_ms)), 'drafts': out}, indent=2))
+  result = {
+    'target_ms': float(np.median(target_ms)),
+    'drafts': out,
+    'provenance': provenance.provenance(),
+  }
+  path.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == '__main__':
-  main()
+  define_flags()
+  app.run(main)

@@ -3,51 +3,50 @@ r"""Self-speculative layer skipping on SmolLM2-135M-Instruct, per MT-bench categ
   python experiments/layerskip_bench/bench.py --config configs/layerskip_smollm2.py \
       --per_category 2 --humaneval 4 --max_new 64 --out experiments/layerskip_bench/results
 
-Reads the calibrated draft and gamma from the config written by
-`python -m specjax.calibrate_skip` (or takes --draft / --gamma), then decodes greedily at
-batch 1, autoregressive and speculative back to back on every prompt, and reports per
-category: acceptance, tokens per target call, tokens/s, speedup, greedy mismatches.
+Reads the calibrated draft and gamma from the config (its `drafts[0]` and `gammas[0]`;
+configs/layerskip_smollm2.py reads what `python -m specjax.calibrate_skip` wrote), or
+takes --draft / --gamma, then decodes greedily at batch 1, autoregressive and speculative
+back to back on every prompt, and reports per category: acceptance, tokens per target
+call, tokens/s, speedup, greedy mismatches.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import importlib.util
 import json
 import pathlib
-import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
-from specjax.data import prompts as prompts_lib  # noqa: E402
-from specjax.decode.engine import Engine  # noqa: E402
-from specjax.models import loader  # noqa: E402
+from absl import app, flags
+
+from specjax import config_lib, registry
+from specjax.bench import provenance, tables
+from specjax.checkpoints import loader
+from specjax.data import prompts as prompts_lib
+from specjax.decode.engine import Engine
+
+flags.DEFINE_string(
+  'config', 'configs/layerskip_smollm2.py', 'The config giving the draft (drafts[0]) and gamma.'
+)
+flags.DEFINE_string('draft', None, 'overrides the config, e.g. layers:0-11,20-29')
+flags.DEFINE_integer('gamma', None, 'Overrides the config.')
+flags.DEFINE_integer('per_category', 2, 'MT-bench prompts per category.')
+flags.DEFINE_integer('humaneval', 4, 'HumanEval prompts (0: none).')
+flags.DEFINE_integer('max_new', 64, 'Tokens generated per prompt.')
+flags.DEFINE_string('out', 'experiments/layerskip_bench/results', 'Folder for results.json.')
+FLAGS = flags.FLAGS
 
 
-def read_config(path: str):
-  spec = importlib.util.spec_from_file_location('layerskip_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--config', default='configs/layerskip_smollm2.py')
-  parser.add_argument('--draft', default=None, help='overrides the config, e.g. layers:0-11,20-29')
-  parser.add_argument('--gamma', type=int, default=None)
-  parser.add_argument('--per_category', type=int, default=2)
-  parser.add_argument('--humaneval', type=int, default=4)
-  parser.add_argument('--max_new', type=int, default=64)
-  parser.add_argument('--out', default='experiments/layerskip_bench/results')
-  args = parser.parse_args()
-  config = read_config(args.config) if (args.draft is None or args.gamma is None) else None
-  draft = args.draft or config.DRAFT
-  gamma = args.gamma or config.GAMMA
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  needs_config = FLAGS.draft is None or FLAGS.gamma is None
+  config = config_lib.load_config(FLAGS.config) if needs_config else None
+  draft = FLAGS.draft or config.drafts[0]
+  gamma = FLAGS.gamma or config.gammas[0]
 
   target = loader.load_model('smollm2-135m-instruct')
-  drafter, draft_params, label = loader.load_draft(draft, target)
+  drafter, draft_params = registry.build_draft(draft, target)
+  label = drafter.name
   engine = Engine(
     target.params,
     target.cfg,
@@ -67,14 +66,14 @@ def main():
     'stem',
     'humanities',
   ):
-    sets += prompts_lib.load_prompts(f'mtbench:{cat}', args.per_category)
-  if args.humaneval:
-    sets += prompts_lib.load_prompts('humaneval', args.humaneval)
+    sets += prompts_lib.load_prompts(f'mtbench:{cat}', FLAGS.per_category)
+  if FLAGS.humaneval:
+    sets += prompts_lib.load_prompts('humaneval', FLAGS.humaneval)
   per = {}
   for prompt in sets:
     ids = target.tokenizer.encode_chat(prompt.text)
-    plain = engine.generate([ids], args.max_new)
-    spec = engine.generate([ids], args.max_new, gamma=gamma, verifier='greedy')
+    plain = engine.generate([ids], FLAGS.max_new)
+    spec = engine.generate([ids], FLAGS.max_new, gamma=gamma, verifier='greedy')
     c = per.setdefault(
       prompt.category,
       {
@@ -125,34 +124,37 @@ def main():
     / (total['plain_tokens'] / total['plain_seconds']),
     'greedy_mismatches': total['mismatches'],
   }
-  commit = subprocess.run(
-    ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
-  ).stdout.strip()
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'results.json').write_text(
     json.dumps(
       {
-        'args': vars(args),
+        'args': {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.modules[__name__])},
         'draft': draft,
         'label': label,
         'gamma': gamma,
-        'commit': commit,
-        'date': datetime.date.today().isoformat(),
+        'provenance': provenance.provenance(),
         'per_category': rows,
       },
       indent=1,
     )
   )
   print(f'draft {draft} ({label}), gamma {gamma}')
-  print('| category | prompts | acceptance | tokens/call | tok/s | speedup | greedy mismatches |')
-  print('|---|---|---|---|---|---|---|')
-  for cat, r in rows.items():
-    print(
-      f'| {cat} | {r["prompts"]} | {r["acceptance"]:.2f} | {r["tokens_per_call"]:.2f} | '
-      f'{r["tokens_per_second"]:.1f} | {r["speedup"]:.2f}x | {r["greedy_mismatches"]} |'
-    )
+  header = 'category prompts acceptance tokens/call tok/s speedup'.split() + ['greedy mismatches']
+  table = [
+    [
+      cat,
+      r['prompts'],
+      r['acceptance'],
+      r['tokens_per_call'],
+      r['tokens_per_second'],
+      f'{r["speedup"]:.2f}x',
+      r['greedy_mismatches'],
+    ]
+    for cat, r in rows.items()
+  ]
+  print(tables.markdown_table(header, table, formats={'tok/s': '.1f'}))
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

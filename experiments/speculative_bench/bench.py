@@ -14,21 +14,30 @@ is left out of both), as a fraction of the iteration.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
-import subprocess
 
 import jax
+from absl import app, flags
 
-from specjax.control.costs import forward_ms
+from specjax import registry
+from specjax.bench import provenance, tables
+from specjax.bench.costs import forward_ms
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
-from specjax.decode.sampling import SamplingConfig
-from specjax.models import loader
+
+flags.DEFINE_string('draft', 'truncated:4', 'The draft spec (specjax/registry.py).')
+flags.DEFINE_string('gammas', '1,2,4,8', 'Comma-separated draft lengths.')
+flags.DEFINE_string('batches', '1,8', 'Comma-separated batch sizes.')
+flags.DEFINE_string('temperatures', '0,1', 'Comma-separated sampling temperatures.')
+flags.DEFINE_integer('max_new', 64, 'Tokens generated per prompt.')
+flags.DEFINE_string('verifier', 'rejection', 'greedy, rejection or block.')
+flags.DEFINE_string('prompts', 'mtbench', 'a prompt set; mtbench uses one prompt per category')
+flags.DEFINE_integer('num_prompts', 8, 'Prompts of a set other than mtbench (the first N).')
+flags.DEFINE_string('out', 'experiments/speculative_bench/results', 'Folder for results.')
+FLAGS = flags.FLAGS
 
 
 def run_setting(engine, prompts, batch, sampling, gammas, max_new, seed=0):
@@ -83,24 +92,13 @@ def summarize(outs, gamma, baseline, costs):
   return res
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--draft', default='truncated:4')
-  parser.add_argument('--gammas', default='1,2,4,8')
-  parser.add_argument('--batches', default='1,8')
-  parser.add_argument('--temperatures', default='0,1')
-  parser.add_argument('--max_new', type=int, default=64)
-  parser.add_argument('--verifier', default='rejection')
-  parser.add_argument(
-    '--prompts', default='mtbench', help='a prompt set; mtbench uses one prompt per category'
-  )
-  parser.add_argument('--num_prompts', type=int, default=8)
-  parser.add_argument('--out', default='experiments/speculative_bench/results')
-  args = parser.parse_args()
-  gammas = [int(g) for g in args.gammas.split(',')]
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  gammas = [int(g) for g in FLAGS.gammas.split(',')]
 
   target = loader.load_model('smollm2-135m-instruct')
-  drafter, draft_params, label = loader.load_draft(args.draft, target)
+  drafter, draft_params = registry.build_draft(FLAGS.draft, target)
   engine = Engine(
     target.params,
     target.cfg,
@@ -109,28 +107,30 @@ def main():
     drafter=drafter,
     draft_params=draft_params,
   )
-  chosen = prompts_lib.load_prompts(args.prompts)
-  chosen = chosen[::10] if args.prompts == 'mtbench' else chosen[: args.num_prompts]
+  chosen = prompts_lib.load_prompts(FLAGS.prompts)
+  chosen = chosen[::10] if FLAGS.prompts == 'mtbench' else chosen[: FLAGS.num_prompts]
   prompts = [target.tokenizer.encode_chat(p.text) for p in chosen]
   results = []
-  for batch in (int(b) for b in args.batches.split(',')):
-    slots = max(256, 1 << (max(map(len, prompts)) + args.max_new - 1).bit_length())
+  for batch in (int(b) for b in FLAGS.batches.split(',')):
+    cache_size = max(256, 1 << (max(map(len, prompts)) + FLAGS.max_new - 1).bit_length())
     model_draft = hasattr(drafter, 'cfg')  # prompt lookup has no forward pass to time
     costs = {
-      'draft_first': forward_ms(engine.draft_params, drafter.cfg, batch, 2, slots)
+      'draft_first': forward_ms(engine.draft_params, drafter.cfg, batch, 2, cache_size)
       if model_draft
       else 0.0,
-      'draft_step': forward_ms(engine.draft_params, drafter.cfg, batch, 1, slots)
+      'draft_step': forward_ms(engine.draft_params, drafter.cfg, batch, 1, cache_size)
       if model_draft
       else 0.0,
-      'target_step': forward_ms(engine.params, target.cfg, batch, 1, slots),
-      'verify': {g: forward_ms(engine.params, target.cfg, batch, g + 1, slots) for g in gammas},
+      'target_step': forward_ms(engine.params, target.cfg, batch, 1, cache_size),
+      'verify': {
+        g: forward_ms(engine.params, target.cfg, batch, g + 1, cache_size) for g in gammas
+      },
     }
-    for temp in (float(t) for t in args.temperatures.split(',')):
+    for temp in (float(t) for t in FLAGS.temperatures.split(',')):
       sampling = SamplingConfig(temperature=temp)
-      verifier = args.verifier
+      verifier = FLAGS.verifier
       engine.method(1, verifier, sampling)  # validates
-      outs = run_setting(engine, prompts, batch, sampling, gammas, args.max_new)
+      outs = run_setting(engine, prompts, batch, sampling, gammas, FLAGS.max_new)
       base = summarize(outs, 0, outs[0], costs)
       # The same measurement for autoregressive decoding calibrates the method: its loop
       # runs exactly the separately timed target step.
@@ -158,38 +158,48 @@ def main():
           flush=True,
         )
   meta = {
-    'date': datetime.date.today().isoformat(),
-    'commit': subprocess.run(
-      ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True
-    ).stdout.strip(),
-    'machine': f'{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} '
-    f'{jax.devices()[0].platform}',
-    'draft': label,
-    'verifier': args.verifier,
-    'prompt_set': args.prompts,
+    **provenance.provenance(),
+    'backend': jax.default_backend(),
+    'draft': drafter.name,
+    'verifier': FLAGS.verifier,
+    'prompt_set': FLAGS.prompts,
     'prompts': len(prompts),
-    'max_new': args.max_new,
+    'max_new': FLAGS.max_new,
   }
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'results.json').write_text(json.dumps({'meta': meta, 'results': results}, indent=2))
-  lines = [
-    '| batch | T | γ | acceptance | tokens/call | tok/s | speedup | overhead '
-    '| same measure for autoregressive | greedy mismatches |',
-    '|---|---|---|---|---|---|---|---|---|---|',
+  header = [
+    'batch',
+    'T',
+    'γ',
+    'acceptance',
+    'tokens/call',
+    'tok/s',
+    'speedup',
+    'overhead',
+    'same measure for autoregressive',
+    'greedy mismatches',
   ]
-  for r in results:
-    lines.append(
-      f'| {r["batch"]} | {r["temperature"]:g} | {r["gamma"]} | '
-      f'{r["acceptance_rate"]:.2f} | {r["tokens_per_call"]:.2f} | '
-      f'{r["tokens_per_second"]:.1f} | {r["speedup"]:.2f}x | '
-      f'{100 * r["overhead_fraction"]:.0f}% | '
-      f'{100 * r["autoregressive_overhead_fraction"]:.0f}% | '
-      f'{r["greedy_mismatches"] if r["temperature"] == 0 else "-"} |'
-    )
-  (out / 'table.md').write_text('\n'.join(lines) + '\n')
-  print('\n'.join(lines))
+  rows = [
+    [
+      r['batch'],
+      r['temperature'],
+      r['gamma'],
+      r['acceptance_rate'],
+      r['tokens_per_call'],
+      r['tokens_per_second'],
+      f'{r["speedup"]:.2f}x',
+      f'{100 * r["overhead_fraction"]:.0f}%',
+      f'{100 * r["autoregressive_overhead_fraction"]:.0f}%',
+      r['greedy_mismatches'] if r['temperature'] == 0 else None,
+    ]
+    for r in results
+  ]
+  table = tables.markdown_table(header, rows, formats={'T': 'g', 'tok/s': '.1f'})
+  (out / 'table.md').write_text(table + '\n')
+  print(table)
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

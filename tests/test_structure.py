@@ -1,0 +1,149 @@
+"""The package's structure: layers import only downward, and the registry is the one name table."""
+
+import ast
+import dataclasses
+import pathlib
+
+import jax.numpy as jnp
+import pytest
+
+from specjax import config_lib, registry, run_lib, testing
+from specjax.checkpoints import loader
+from specjax.core import contract
+from specjax.core.registry import parse_spec
+from specjax.drafters.ngram import LookupDrafter
+
+PACKAGE = pathlib.Path(registry.__file__).parent
+
+# The layers, bottom first; a module may import from its own layer or any layer below.
+# Top-level modules not listed sit on top (run_lib, run, advise, ...).
+LAYERS = [
+  {'core'},
+  {'registry', 'models', 'assets', 'tokenizer', 'testing', 'data'},
+  {'checkpoints'},
+  {'verify', 'control', 'drafters'},
+  {'decode'},
+  {'bench', 'train', 'metrics'},
+]
+
+
+def _node(module: str) -> str:
+  """'specjax.decode.loop' -> 'decode' (a subpackage); 'specjax.run_lib' -> 'run_lib'."""
+  return module.split('.')[1]
+
+
+def import_graph() -> dict[str, set[str]]:
+  """{node: nodes it imports}, from every `import specjax...` in the package (lazy ones too)."""
+  graph: dict[str, set[str]] = {}
+  for path in PACKAGE.rglob('*.py'):
+    module = '.'.join(('specjax', *path.relative_to(PACKAGE).with_suffix('').parts))
+    module = module.removesuffix('.__init__')
+    if module == 'specjax':
+      continue
+    node = _node(module)
+    for stmt in ast.walk(ast.parse(path.read_text())):
+      names = []
+      if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.module.startswith('specjax'):
+        names = (
+          [stmt.module] if stmt.module != 'specjax' else [f'specjax.{a.name}' for a in stmt.names]
+        )
+      elif isinstance(stmt, ast.Import):
+        names = [a.name for a in stmt.names if a.name.startswith('specjax.')]
+      for name in names:
+        if _node(name) != node:
+          graph.setdefault(node, set()).add(_node(name))
+  return graph
+
+
+def test_no_import_runs_upward():
+  rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+  top = len(LAYERS)
+  upward = [
+    f'{a} (layer {rank.get(a, top)}) imports {b} (layer {rank.get(b, top)})'
+    for a, targets in import_graph().items()
+    for b in targets
+    if rank.get(b, top) > rank.get(a, top)
+  ]
+  assert not upward, upward
+
+
+def test_no_import_cycle_between_folders():
+  graph = import_graph()
+
+  def reaches(start, goal, seen=()):
+    return any(
+      n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ())
+    )
+
+  cycles = sorted(a for a in graph if reaches(a, a))
+  assert not cycles, cycles
+
+
+def test_every_registry_entry_resolves():
+  for table in (registry.FAMILIES, registry.DRAFTS, registry.VERIFIERS, registry.DIVERGENCES):
+    for name in table.names:
+      assert table.get(name) is not None, (table.what, name)
+  assert registry.FAMILIES.get('llama') is testing.tiny_model()[0].family
+
+
+def test_unknown_names_list_the_known_ones():
+  with pytest.raises(
+    ValueError,
+    match=r"unknown verifier 'rejetion'; known: block, greedy, rejection; did you mean 'rejection'",
+  ):
+    registry.VERIFIERS.get('rejetion')
+  with pytest.raises(ValueError, match=r"unknown draft 'ngrm'.*did you mean 'ngram'"):
+    registry.parse_draft('ngrm')
+
+
+def test_one_spec_grammar():
+  spec = parse_spec('consensus:8,k=4,m=1')
+  assert (spec.kind, spec.args, spec.options) == ('consensus', ('8',), (('k', '4'), ('m', '1')))
+  assert parse_spec('layers:0-11,20-29').args == ('0-11', '20-29')
+  assert parse_spec('ngram').args == ()
+  # Checked without loading anything (the draft's own settings included):
+  assert registry.parse_draft('ngram:3-8')[1] == (3, 8)
+  with pytest.raises(ValueError, match='k >= 1 and 0 <= max_mismatches < k'):
+    registry.parse_draft('consensus:8,k=2,m=2')
+
+
+def test_drafter_hooks_have_defaults():
+  cfg, params = testing.tiny_model()
+  drafter, _ = registry.build_draft('truncated:1', loader.LoadedModel(cfg, params, None, 'tiny'))
+  assert drafter.skip_when_empty is False
+  assert bool(drafter.has_proposals(None))
+  assert drafter.check_batch(3) is None
+  lookup, _ = registry.build_draft('ngram', loader.LoadedModel(cfg, params, None, 'tiny'))
+  assert lookup.skip_when_empty is True
+
+
+# A new drafter kind: one class and one DraftKind (what its file would hold) and one
+# registry line; nothing else in specjax changes.
+@dataclasses.dataclass(frozen=True)
+class RepeatDrafter(LookupDrafter):
+  """Proposes the last emitted token gamma times (a toy lookup drafter)."""
+
+  name = 'repeat the last token'
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    tokens = jnp.repeat(state.last_tokens[:, None], gamma, axis=1)
+    return self.deterministic(tokens, jnp.ones_like(state.done), draft_state)
+
+
+REPEAT = contract.DraftKind(
+  usage='repeat',
+  parse=lambda spec: None,
+  build=lambda settings, target, dtype: (RepeatDrafter(target.cfg.vocab_size), None),
+)
+
+
+def test_a_new_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+  monkeypatch.setitem(registry.DRAFTS.table, 'repeat', REPEAT)
+  config = config_lib.load_config('smollm2.py', 'tiny')
+  config.drafts = ('repeat',)
+  config.adaptive_gammas = ()
+  config.measure_costs = False
+  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  assert summary['drafts'] == {'repeat': 'repeat the last token'}
+  assert summary['methods']['repeat@4']['greedy_mismatches'] == 0
+  assert summary['methods']['repeat@4']['drafted_tokens'] > 0
