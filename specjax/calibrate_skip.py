@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config_lib
+from specjax import config_lib, metrics
 from specjax.bench import costs as costs_lib
 from specjax.bench import provenance
 from specjax.checkpoints import loader
@@ -233,7 +233,7 @@ def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict
     'tokens_per_second': tps,
     'autoregressive_tokens_per_second': base_tps,
     'speedup': tps / base_tps,
-    'tokens_per_call': spec['tokens'] / spec['calls'],
+    'tokens_per_call': metrics.tokens_per_call(spec['tokens'], spec['calls']),
   }
 
 

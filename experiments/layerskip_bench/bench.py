@@ -18,7 +18,7 @@ import sys
 
 from absl import app, flags
 
-from specjax import config_lib, registry
+from specjax import config_lib, metrics, registry
 from specjax.bench import provenance, tables
 from specjax.checkpoints import loader
 from specjax.data import prompts as prompts_lib
@@ -99,7 +99,7 @@ def main(argv):
     c['mismatches'] += int(spec.tokens != plain.tokens)
     print(
       f'{prompt.category} {prompt.id}: accept {spec.acceptance_rate:.2f}, '
-      f'{spec.num_generated / spec.target_calls:.2f} tokens/call',
+      f'{metrics.tokens_per_call(spec.num_generated, spec.target_calls):.2f} tokens/call',
       flush=True,
     )
 
@@ -109,7 +109,7 @@ def main(argv):
     rows[cat] = {
       'prompts': c['prompts'],
       'acceptance': c['accepted'] / max(c['drafted'], 1),
-      'tokens_per_call': c['tokens'] / c['calls'],
+      'tokens_per_call': metrics.tokens_per_call(c['tokens'], c['calls']),
       'tokens_per_second': tps,
       'speedup': tps / (c['plain_tokens'] / c['plain_seconds']),
       'greedy_mismatches': c['mismatches'],
@@ -118,7 +118,7 @@ def main(argv):
   rows['all'] = {
     'prompts': total['prompts'],
     'acceptance': total['accepted'] / max(total['drafted'], 1),
-    'tokens_per_call': total['tokens'] / total['calls'],
+    'tokens_per_call': metrics.tokens_per_call(total['tokens'], total['calls']),
     'tokens_per_second': total['tokens'] / total['seconds'],
     'speedup': (total['tokens'] / total['seconds'])
     / (total['plain_tokens'] / total['plain_seconds']),

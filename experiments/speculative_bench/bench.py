@@ -20,7 +20,7 @@ import pathlib
 import jax
 from absl import app, flags
 
-from specjax import registry
+from specjax import metrics, registry
 from specjax.bench import provenance, tables
 from specjax.bench.costs import forward_ms
 from specjax.checkpoints import loader
@@ -72,7 +72,7 @@ def summarize(outs, gamma, baseline, costs):
   res = {
     'tokens': tokens,
     'tokens_per_second': tokens / seconds,
-    'tokens_per_call': tokens / calls,
+    'tokens_per_call': metrics.tokens_per_call(tokens, calls),
     'acceptance_rate': sum(map(sum, rows)) / max(drafted, 1) if gamma else None,
     'zero_accept_fraction': (sum(a.count(0) for a in rows) / iters) if gamma else None,
     'greedy_mismatches': sum(

@@ -32,8 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import assets
-from specjax.models import llama
-from specjax.models.kv_cache import KVCache
 from specjax.train import prompts as prompts_lib
 
 log = logging.getLogger(__name__)
@@ -159,8 +157,8 @@ def teacher_topk(target, tokens: np.ndarray, k: int, batch_size: int, progress=N
 
   @jax.jit
   def label(params, toks):
-    cache = KVCache.init(cfg, toks.shape[0], toks.shape[1], params['embed'].dtype)
-    logits, _ = llama.forward(params, toks, cache, cfg)
+    cache = cfg.family.init_cache(cfg, toks.shape[0], toks.shape[1], params['embed'].dtype)
+    logits, _ = cfg.family.forward(params, toks, cache, cfg)
     probs, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
     return ids.astype(jnp.int32), probs.astype(jnp.float16)
 

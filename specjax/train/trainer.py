@@ -36,7 +36,6 @@ import tqdm
 from specjax import registry
 from specjax.checkpoints import draft_dir
 from specjax.drafters import distilled
-from specjax.models.kv_cache import KVCache
 from specjax.train import data as data_lib
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def teacher_dense(topk_ids, topk_probs, full_to_sub, size: int) -> jax.Array:
 
 def draft_logits(params, frozen, tokens, cfg):
   """Draft logits [B, T, K] for whole sequences (teacher forcing)."""
-  cache = KVCache.init(cfg, tokens.shape[0], tokens.shape[1], frozen['embed'].dtype)
+  cache = cfg.family.init_cache(cfg, tokens.shape[0], tokens.shape[1], frozen['embed'].dtype)
   logits, _ = distilled.subset_logits({**params, **frozen}, tokens, cache, cfg)
   return logits
 
