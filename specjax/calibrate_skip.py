@@ -157,7 +157,7 @@ def measure_skip_costs(model, gammas, cache_size: int = 256, repeats: int = 5) -
   pieces['one_layer'] = costs_lib.timer_forward(params, cfg, 1, 1, cache_size, layers=(0,))
   for g in gammas:
     pieces[g] = costs_lib.timer_forward(params, cfg, 1, g + 1, cache_size)
-  best = {k: min(run() for _ in range(repeats)) for k, run in pieces.items()}
+  best = costs_lib.fastest(pieces, repeats)
   step, one = best['step'], best['one_layer']
   per_layer = max(step - one, 0.0) / max(cfg.n_layers - 1, 1) / step
   return SkipCosts(

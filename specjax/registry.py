@@ -53,7 +53,7 @@ DIVERGENCES = Registry(
 )
 
 
-BARE_KINDS = ('distilled', 'model')  # tried in turn for a spec of no registered kind
+BARE_KINDS = ('distilled', 'model')  # tried in turn for a spec of no registered kind (a path)
 
 
 def parse_draft(text: str) -> tuple[object, object]:
@@ -64,7 +64,7 @@ def parse_draft(text: str) -> tuple[object, object]:
   if not isinstance(text, str) or not text.strip() or '@' in text:
     raise ValueError(f'draft {text!r}: expected a non-empty draft spec without @')
   spec = parse_spec(text)
-  if spec.kind in DRAFTS and spec.kind not in BARE_KINDS[-1:]:
+  if spec.kind in DRAFTS:  # 'ngram:3-8', 'distilled:DIR', 'model:PATH', ...
     kind = DRAFTS.get(spec.kind)
     return kind, kind.parse(spec)
   for name in BARE_KINDS:

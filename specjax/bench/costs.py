@@ -116,6 +116,16 @@ def timer_propose(
   return _timer(jax.jit(many), (draft_params, state.spec.draft, state), inner)
 
 
+def fastest(pieces: Mapping, repeats: int = 5) -> dict:
+  """{key: ms} the fastest of `repeats` rounds of the timers `pieces` ({key: timer}); each
+  round runs every piece once, so a burst of other work on the machine hits them alike."""
+  best = {k: float('inf') for k in pieces}
+  for _ in range(repeats):
+    for k, run in pieces.items():
+      best[k] = min(best[k], run())
+  return best
+
+
 def measure_drafts(
   target_params,
   cfg,
@@ -138,10 +148,7 @@ def measure_drafts(
       pieces[name, g] = timer_propose(
         drafter, draft_params, target_params, cfg, batch, g, cache_size, sampling
       )
-  best = {k: float('inf') for k in pieces}
-  for _ in range(repeats):
-    for k, run in pieces.items():
-      best[k] = min(best[k], run())
+  best = fastest(pieces, repeats)
   step = best['step', 0]
   return step, {
     name: Costs(
