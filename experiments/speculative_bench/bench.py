@@ -7,7 +7,7 @@ For every (batch size, temperature) it runs autoregressive decoding and speculat
 decoding at each gamma on the same MT-bench prompts (one per category), interleaved
 prompt batch by prompt batch, and reports per gamma: acceptance rate, mean tokens per
 target call, tokens/s, speedup over the autoregressive run, greedy mismatches, and the
-loop's overhead: time per iteration minus (the draft's gamma forward passes + one
+loop's overhead: time per iteration minus (the drafter's proposal of gamma tokens + one
 (gamma+1)-token verify forward, each timed alone inside a jitted loop so that dispatch
 is left out of both), as a fraction of the iteration.
 """
@@ -21,8 +21,8 @@ import jax
 from absl import app, flags
 
 from specjax import metrics, registry
+from specjax.bench import costs as costs_lib
 from specjax.bench import provenance, tables
-from specjax.bench.costs import forward_ms
 from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
@@ -83,7 +83,7 @@ def summarize(outs, gamma, baseline, costs):
   if gamma:
     verified = verified_fraction(runs)
     parts = (
-      verified * (costs['draft_first'] + (gamma - 1) * costs['draft_step'] + costs['verify'][gamma])
+      verified * (costs['draft'][gamma] + costs['verify'][gamma])
       + (1 - verified) * costs['target_step']
     )
     res['verified_fraction'] = verified
@@ -113,18 +113,13 @@ def main(argv):
   results = []
   for batch in (int(b) for b in FLAGS.batches.split(',')):
     cache_size = max(256, 1 << (max(map(len, prompts)) + FLAGS.max_new - 1).bit_length())
-    model_draft = hasattr(drafter, 'cfg')  # prompt lookup has no forward pass to time
+    # The drafter's own proposals (its layers, its head, lookup's search) and the target's
+    # forwards, each timed alone in a jitted loop (specjax.bench.costs).
+    measured = costs_lib.measure(engine, batch, cache_size, gammas)
     costs = {
-      'draft_first': forward_ms(engine.draft_params, drafter.cfg, batch, 2, cache_size)
-      if model_draft
-      else 0.0,
-      'draft_step': forward_ms(engine.draft_params, drafter.cfg, batch, 1, cache_size)
-      if model_draft
-      else 0.0,
-      'target_step': forward_ms(engine.params, target.cfg, batch, 1, cache_size),
-      'verify': {
-        g: forward_ms(engine.params, target.cfg, batch, g + 1, cache_size) for g in gammas
-      },
+      'draft': dict(measured.draft_ms),
+      'target_step': measured.target_ms,
+      'verify': dict(measured.verify_ms),
     }
     for temp in (float(t) for t in FLAGS.temperatures.split(',')):
       sampling = SamplingConfig(temperature=temp)
@@ -146,7 +141,7 @@ def main(argv):
           autoregressive_overhead_fraction=ar_overhead,
           speedup=res['tokens_per_second'] / base['tokens_per_second'],
           baseline_tokens_per_second=base['tokens_per_second'],
-          draft_cost_ratio=costs['draft_step'] / costs['target_step'],
+          draft_cost_ratio=measured.c,
         )
         results.append(res)
         print(
