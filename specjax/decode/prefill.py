@@ -13,48 +13,6 @@ from specjax.core.state import DecodeState, SpecState, commit
 from specjax.decode.loop import Method
 
 
-def _target_prefill(
-  params,
-  prompt_tokens: jax.Array,
-  prompt_lens: jax.Array,
-  max_new: jax.Array,
-  key: jax.Array,
-  *,
-  cfg,
-  sampling: sampling_lib.SamplingConfig,
-  eos_id: int,
-  cache_size: int,
-  out_len: int,
-  pad_id: int = 0,
-  constrain_cache=None,
-) -> DecodeState:
-  """Runs the prompts [B, P] (right-padded; real lengths prompt_lens[B]) and emits the first token.
-
-  `constrain_cache`, if given, maps a cache to itself with sharding constraints.
-  """
-  b = prompt_tokens.shape[0]
-  model = cfg.family
-  cache = model.init_cache(cfg, b, cache_size, params['embed'].dtype)
-  if constrain_cache is not None:
-    cache = constrain_cache(cache)
-  hidden, cache = model.forward_hidden(params, prompt_tokens, cache, cfg)  # [B, P, D]
-  last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
-  logits = model.logits(params, last, cfg)  # [B, V]
-  key, sub = jax.random.split(key)
-  first = sampling_lib.sample(logits, sub, sampling)
-  state = DecodeState(
-    tokens=jnp.full((b, out_len), pad_id, jnp.int32),
-    num_generated=jnp.zeros((b,), jnp.int32),
-    done=jnp.zeros((b,), bool),
-    prompt_lens=prompt_lens.astype(jnp.int32),
-    max_new=max_new.astype(jnp.int32),
-    cache=cache,
-    key=key,
-    step=jnp.zeros((), jnp.int32),
-  )
-  return commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
-
-
 def prefill(
   params,
   prompt_tokens,
@@ -74,24 +32,33 @@ def prefill(
 ) -> DecodeState:
   """Target prefill and first token, the drafter's own prefill, empty records.
 
-  params is {'target': ..., 'draft': ... or None}; cfg the target's config. `control` is
-  the adaptive controller's starting state (e.g. where the previous batch left it);
-  None starts from its prior.
+  params is {'target': ..., 'draft': ... or None}; cfg the target's config. The prompts
+  [B, P] are right-padded (real lengths prompt_lens[B]); `constrain_cache`, if given, maps
+  a cache to itself with sharding constraints. `control` is the adaptive controller's
+  starting state (e.g. where the previous batch left it); None starts from its prior.
   """
-  state = _target_prefill(
-    params['target'],
-    prompt_tokens,
-    prompt_lens,
-    max_new,
-    key,
-    cfg=cfg,
-    sampling=sampling,
-    eos_id=eos_id,
-    cache_size=cache_size,
-    out_len=out_len,
-    pad_id=pad_id,
-    constrain_cache=constrain_cache,
+  target = params['target']
+  b = prompt_tokens.shape[0]
+  model = cfg.family
+  cache = model.init_cache(cfg, b, cache_size, target['embed'].dtype)
+  if constrain_cache is not None:
+    cache = constrain_cache(cache)
+  hidden, cache = model.forward_hidden(target, prompt_tokens, cache, cfg)  # [B, P, D]
+  last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
+  logits = model.logits(target, last, cfg)  # [B, V]
+  key, sub = jax.random.split(key)
+  first = sampling_lib.sample(logits, sub, sampling)
+  state = DecodeState(
+    tokens=jnp.full((b, out_len), pad_id, jnp.int32),
+    num_generated=jnp.zeros((b,), jnp.int32),
+    done=jnp.zeros((b,), bool),
+    prompt_lens=prompt_lens.astype(jnp.int32),
+    max_new=max_new.astype(jnp.int32),
+    cache=cache,
+    key=key,
+    step=jnp.zeros((), jnp.int32),
   )
+  state = commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
   draft_state = None
   if method.gamma:
     draft_state = method.drafter.init(
@@ -99,7 +66,7 @@ def prefill(
     )
   if method.adaptive is not None and control is None:
     control = adaptive_lib.init(method.adaptive)
-  history = jnp.full((prompt_tokens.shape[0], out_len), -1, jnp.int32)  # per row, iteration
+  history = jnp.full((b, out_len), -1, jnp.int32)  # per row, iteration
   spec = SpecState(
     accepted=history,
     drafted=history,
