@@ -28,6 +28,7 @@ DRAFTS = Registry(
     'truncated': 'specjax.drafters.model:TRUNCATED',
     'layers': 'specjax.drafters.model:LAYERS',
     'distilled': 'specjax.drafters.distilled:DISTILLED',
+    'eagle': 'specjax.drafters.eagle:EAGLE',
     'consensus': 'specjax.drafters.consensus:CONSENSUS',
     'model': 'specjax.drafters.model:MODEL',  # any other spec: a model path
   },

@@ -9,6 +9,8 @@ particular architecture by name:
   forward_hidden(params, tokens[B, T], cache, cfg, layers=None) -> (hidden[B, T, D], cache)
   forward_pending(params, tokens[B, T], cache, cfg, slots) -> (logits[B, T, V], pending)
       the cache only read; `pending` holds the new entries padded to `slots` positions
+  each of the three with `capture=(i, ...)` (static) also returns, last, the residual
+      stream entering those layers, concatenated: features[B, T, len(capture) * D]
   write_pending(cache, pending) -> cache          lengths advance by `slots`
   logits(params, hidden[..., D], cfg) -> float32 logits[..., V]
   init_cache(cfg, batch, cache_size, dtype) -> an empty cache (lengths 0)
@@ -102,6 +104,21 @@ class Drafter(abc.ABC):
   @abc.abstractmethod
   def rollback(self, draft_state, state: DecodeState) -> Any:
     """Brings the draft state in line with the committed tokens of `state`."""
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    """Target layers whose incoming residual stream the drafter reads (feature heads).
+
+    Non-empty: the loop's target forwards capture them (the model contract's `capture`),
+    `init` gets the prompt's as `features=` and `absorb` each verification's.
+    """
+    return ()
+
+  def absorb(self, draft_state, features: jax.Array, start: jax.Array, state: DecodeState):
+    """Takes the target's features[B, T, C * D] of positions start[B] + t (called after
+    the verifier's commit, before `rollback`, only when `feature_layers` is non-empty)."""
+    del features, start, state
+    return draft_state
 
   def has_proposals(self, draft_state) -> jax.Array:
     """[] bool: did the last proposal find anything for some row (see skip_when_empty)."""

@@ -93,11 +93,14 @@ def _finish(
   method: Method,
   eos_id: int,
   counted=True,
+  features=None,
 ) -> DecodeState:
   """Records the iteration, commits its tokens and rolls the drafter back.
 
-  `counted` False (a traced bool) leaves the iteration count as it was.
+  `counted` False (a traced bool) leaves the iteration count as it was. `features` are
+  the target's captured features of this iteration's forward (feature drafters).
   """
+  start = state.cache.lengths
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
   spec = state.spec.replace(
     accepted=record(state.spec.accepted, accepted), drafted=record(state.spec.drafted, drafted)
@@ -105,8 +108,25 @@ def _finish(
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
   state = commit(state, new_tokens, accepted + 1, eos_id)
   if method.gamma:
+    if features is not None:
+      draft_state = method.drafter.absorb(draft_state, features, start, state)
     draft_state = method.drafter.rollback(draft_state, state)
   return state.replace(spec=spec.replace(draft=draft_state))
+
+
+def target_forward(params, tokens, cache, cfg, method: Method, slots: int | None = None):
+  """The target over tokens[B, T]: (logits, cache or pending, features or None).
+
+  Captures the drafter's `feature_layers` when it has some; `slots` set: the read-only
+  forward_pending (features padded to `slots` positions too).
+  """
+  capture = method.drafter.feature_layers if method.drafter is not None else ()
+  model = cfg.family
+  if slots is None:
+    out = model.forward(params, tokens, cache, cfg, capture=capture)
+  else:
+    out = model.forward_pending(params, tokens, cache, cfg, slots, capture=capture)
+  return out if capture else (*out, None)
 
 
 def _lookup_step(
@@ -127,7 +147,6 @@ def _lookup_step(
   Each plain step counts as one iteration, as before.
   """
   drafter, target, max_gamma = method.drafter, params['target'], method.gamma
-  model = cfg.family
 
   def propose(s):
     key, sub = jax.random.split(s.key)
@@ -143,7 +162,7 @@ def _lookup_step(
 
   def plain(carry):
     s, (_, _, draft_state, k_verify) = carry
-    logits, cache = model.forward(target, s.last_tokens[:, None], s.cache, cfg)
+    logits, cache, feats = target_forward(target, s.last_tokens[:, None], s.cache, cfg, method)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(s.num_generated)
     s = _finish(
@@ -155,14 +174,15 @@ def _lookup_step(
       draft_state,
       method=method,
       eos_id=eos_id,
+      features=feats,
     )
     return propose(s)
 
   state, (draft, q, draft_state, k_verify) = jax.lax.while_loop(empty, plain, propose(state))
   # If every row finished during the plain steps, this verification changes nothing and
   # is not counted.
-  logits, cache = model.forward(
-    target, jnp.concatenate([state.last_tokens[:, None], draft], 1), state.cache, cfg
+  logits, cache, feats = target_forward(
+    target, jnp.concatenate([state.last_tokens[:, None], draft], 1), state.cache, cfg, method
   )
   new_tokens, accepted, drafted = _verify(
     logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=max_gamma
@@ -177,6 +197,7 @@ def _lookup_step(
     method=method,
     eos_id=eos_id,
     counted=~jnp.all(state.done),
+    features=feats,
   )
 
 
@@ -195,25 +216,29 @@ def _iteration(
   """One draft-and-verify round with `gamma` draft tokens (0: a plain step).
 
   Returns (new tokens [B, max_gamma + 1] of which accepted + 1 count, accepted [B],
-  drafted [B], target cache, draft state). With `pending` (inside a lax.cond or
-  lax.switch), the target cache is only read, and the fourth output is the new entries
-  of max_gamma + 1 slots (the family's forward_pending), to be written after.
+  drafted [B], target cache, features, draft state). With `pending` (inside a lax.cond
+  or lax.switch), the target cache is only read, and the fourth output is the new
+  entries of max_gamma + 1 slots (the family's forward_pending), to be written after.
+  `features` (None unless the drafter reads target features) are padded to
+  max_gamma + 1 positions.
   """
   k_draft, k_verify = jax.random.split(key)
   last = state.last_tokens[:, None]  # [B, 1]
   draft_state = state.spec.draft
   target = params['target']
 
-  def target_forward(tokens):
-    if not pending:
-      return cfg.family.forward(target, tokens, state.cache, cfg)
-    return cfg.family.forward_pending(target, tokens, state.cache, cfg, max_gamma + 1)
+  def run_target(tokens):
+    slots = max_gamma + 1 if pending else None
+    logits, cache, feats = target_forward(target, tokens, state.cache, cfg, method, slots)
+    if feats is not None and feats.shape[1] < max_gamma + 1:
+      feats = jnp.pad(feats, ((0, 0), (0, max_gamma + 1 - feats.shape[1]), (0, 0)))
+    return logits, cache, feats
 
   def plain(_):
-    logits, cache = target_forward(last)
+    logits, cache, feats = run_target(last)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(state.num_generated)
-    return jnp.pad(token, ((0, 0), (0, max_gamma))), zeros, zeros, cache
+    return jnp.pad(token, ((0, 0), (0, max_gamma))), zeros, zeros, cache, feats
 
   if gamma == 0:
     return (*plain(None), draft_state)
@@ -222,10 +247,11 @@ def _iteration(
   )
 
   def speculative(_):
-    logits, cache = target_forward(jnp.concatenate([last, draft], 1))  # [B, K+1, V]
+    logits, cache, feats = run_target(jnp.concatenate([last, draft], 1))  # [B, K+1, V]
     return (
       *_verify(logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=max_gamma),
       cache,
+      feats,
     )
 
   if method.drafter.skip_when_empty:
@@ -264,12 +290,12 @@ def step(
     pending=branching,
   )
   if method.adaptive is None:
-    new_tokens, accepted, drafted, cache, draft_state = run(method.gamma)
+    new_tokens, accepted, drafted, cache, feats, draft_state = run(method.gamma)
   else:
     ctrl = state.spec.control
     ran = adaptive_lib.choose(method.adaptive, ctrl)
     branches = [functools.partial(lambda g, _: run(g), g) for g in method.adaptive.choices]
-    new_tokens, accepted, drafted, cache, draft_state = jax.lax.switch(ran, branches, None)
+    new_tokens, accepted, drafted, cache, feats, draft_state = jax.lax.switch(ran, branches, None)
     active = ~state.done
     control = adaptive_lib.update(
       method.adaptive, ctrl, ran, jnp.where(active, accepted, 0), jnp.where(active, drafted, 0)
@@ -279,7 +305,15 @@ def step(
     cache = cfg.family.write_pending(state.cache, cache)
   state = state.replace(key=key)
   return _finish(
-    state, new_tokens, accepted, drafted, cache, draft_state, method=method, eos_id=eos_id
+    state,
+    new_tokens,
+    accepted,
+    drafted,
+    cache,
+    draft_state,
+    method=method,
+    eos_id=eos_id,
+    features=feats,
   )
 
 

@@ -43,7 +43,9 @@ def prefill(
   cache = model.init_cache(cfg, b, cache_size, target['embed'].dtype)
   if constrain_cache is not None:
     cache = constrain_cache(cache)
-  hidden, cache = model.forward_hidden(target, prompt_tokens, cache, cfg)  # [B, P, D]
+  capture = method.drafter.feature_layers if method.gamma else ()
+  out = model.forward_hidden(target, prompt_tokens, cache, cfg, capture=capture)
+  hidden, cache = out[:2]  # [B, P, D]
   last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
   logits = model.logits(target, last, cfg)  # [B, V]
   key, sub = jax.random.split(key)
@@ -61,8 +63,9 @@ def prefill(
   state = commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
   draft_state = None
   if method.gamma:
+    extra = {'features': out[2]} if capture else {}  # the prompt's, for feature heads
     draft_state = method.drafter.init(
-      params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache
+      params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache, **extra
     )
   if method.adaptive is not None and control is None:
     control = adaptive_lib.init(method.adaptive)

@@ -283,14 +283,38 @@ def _decoder(
   cfg: LlamaConfig,
   layers: tuple[int, ...] | None,
   attend,
-) -> jax.Array:
+  capture: tuple[int, ...] = (),
+):
   """The decoder stack with attention left to `attend(i, q, k, v) -> [B, T, N, H]` (layer i's
-  queries and new keys/values, RoPE applied); returns final-normed hidden states [B, T, D]."""
+  queries and new keys/values, RoPE applied); returns final-normed hidden states [B, T, D].
+
+  With `capture` (static layer indices in [0, n_layers]) it returns (hidden, features):
+  the residual stream entering each captured layer (n_layers: the stack's output before
+  the final norm; Hugging Face's hidden_states[i]), concatenated to [B, T, len(capture) * D].
+  """
   cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_base)
   x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
+  taken = {}
   for i in range(cfg.n_layers) if layers is None else layers:
+    if i in capture:
+      taken[i] = x
     x = layer(params['layers'][i], x, cos, sin, cfg, lambda q, k, v, i=i: attend(i, q, k, v))
-  return rms_norm(x, params['final_norm'], cfg.norm_eps)
+  taken[cfg.n_layers] = x
+  out = rms_norm(x, params['final_norm'], cfg.norm_eps)
+  if not capture:
+    return out
+  return out, jnp.concatenate([taken[i] for i in capture], axis=-1)
+
+
+def check_capture(cfg: LlamaConfig, capture: tuple[int, ...]) -> None:
+  """Raises ValueError unless `capture` names distinct layer indices in [0, n_layers]."""
+  if len(set(capture)) != len(capture) or any(
+    not isinstance(i, int) or not 0 <= i <= cfg.n_layers for i in capture
+  ):
+    raise ValueError(
+      f'captured layers must be distinct indices in [0, {cfg.n_layers}] (the residual stream '
+      f'entering that layer), got {capture}'
+    )
 
 
 def forward_hidden(
@@ -299,11 +323,13 @@ def forward_hidden(
   cache: KVCache,
   cfg: LlamaConfig,
   layers: tuple[int, ...] | None = None,
-) -> tuple[jax.Array, KVCache]:
+  capture: tuple[int, ...] = (),
+):
   """Runs the decoder stack; returns final-normed hidden states [B, T, D] and the cache.
 
   `layers` (static) selects a subset of layers to run, in order, for self-speculative
-  drafts; skipped layers keep their cache untouched. None runs all.
+  drafts; skipped layers keep their cache untouched. None runs all. With `capture` the
+  result is (hidden, cache, features[B, T, len(capture) * D]) (see _decoder).
   """
   t = tokens.shape[1]
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
@@ -315,8 +341,9 @@ def forward_hidden(
     new_v[i] = _write(cache.v[i], v, positions)
     return attention(q, new_k[i], new_v[i], mask)
 
-  x = _decoder(params, tokens, positions, cfg, layers, attend)
-  return x, KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
+  out = _decoder(params, tokens, positions, cfg, layers, attend, capture)
+  cache = KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
+  return (out, cache) if not capture else (out[0], cache, out[1])
 
 
 def _forward_hidden_pending(
@@ -325,6 +352,7 @@ def _forward_hidden_pending(
   cache: KVCache,
   cfg: LlamaConfig,
   layers: tuple[int, ...] | None = None,
+  capture: tuple[int, ...] = (),
 ):
   """forward_hidden that leaves the cache untouched and returns the new keys and values.
 
@@ -355,22 +383,30 @@ def _forward_hidden_pending(
       new_mask,
     )
 
-  x = _decoder(params, tokens, positions, cfg, layers, attend)
-  return x, (new_k, new_v)
+  out = _decoder(params, tokens, positions, cfg, layers, attend, capture)
+  return (out, (new_k, new_v)) if not capture else (out[0], (new_k, new_v), out[1])
 
 
 def forward_pending(
-  params: Params, tokens: jax.Array, cache: KVCache, cfg: LlamaConfig, slots: int
-) -> tuple[jax.Array, Any]:
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: LlamaConfig,
+  slots: int,
+  capture: tuple[int, ...] = (),
+):
   """forward that leaves the cache untouched: (float32 logits [B, T, V], pending).
 
   `pending` holds the new keys and values of `slots` >= T positions (zeros past T), for
   `write_pending` to write after the branch that produced them (see
   _forward_hidden_pending), so every branch of a lax.switch returns the same shapes.
+  With `capture`: (logits, pending, features [B, slots, len(capture) * D]), zeros past T.
   """
-  x, (ks, vs) = _forward_hidden_pending(params, tokens, cache, cfg)
-  pad = lambda a: jnp.pad(a, ((0, 0), (0, slots - tokens.shape[1]), (0, 0), (0, 0)))
-  return logits_from_hidden(params, x, cfg), ([pad(k) for k in ks], [pad(v) for v in vs])
+  out = _forward_hidden_pending(params, tokens, cache, cfg, capture=capture)
+  x, (ks, vs) = out[:2]
+  pad = lambda a: jnp.pad(a, ((0, 0), (0, slots - a.shape[1])) + ((0, 0),) * (a.ndim - 2))
+  result = (logits_from_hidden(params, x, cfg), ([pad(k) for k in ks], [pad(v) for v in vs]))
+  return result if not capture else (*result, pad(out[2]))
 
 
 def write_pending(cache: KVCache, pending) -> KVCache:
@@ -401,10 +437,14 @@ def forward(
   cache: KVCache,
   cfg: LlamaConfig,
   layers: tuple[int, ...] | None = None,
-) -> tuple[jax.Array, KVCache]:
-  """The model contract: tokens[B, T] -> (float32 logits[B, T, V], cache advanced by T)."""
-  x, cache = forward_hidden(params, tokens, cache, cfg, layers)
-  return logits_from_hidden(params, x, cfg), cache
+  capture: tuple[int, ...] = (),
+):
+  """The model contract: tokens[B, T] -> (float32 logits[B, T, V], cache advanced by T).
+
+  With `capture`: (logits, cache, features[B, T, len(capture) * D]) (see _decoder).
+  """
+  out = forward_hidden(params, tokens, cache, cfg, layers, capture)
+  return (logits_from_hidden(params, out[0], cfg), *out[1:])
 
 
 def init_cache(cfg: LlamaConfig, batch: int, cache_size: int, dtype=jnp.float32) -> KVCache:

@@ -25,6 +25,7 @@ import os
 import pathlib
 import signal
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -257,22 +258,86 @@ def setup(config, progress=print) -> Setup:
   return Setup(target, train_data, eval_data, cfg, params, frozen, cov)
 
 
+@dataclasses.dataclass
+class Task:
+  """What `train` needs of a kind of draft: its parameters, steps, data and saving.
+
+  The distilled draft (`distill_task`) and the EAGLE head (specjax.train.eagle_head.task)
+  share the loop below: checkpoints, resume, progress, metrics and plots.
+  """
+
+  describe: str  # printed before the first step
+  init_params: dict  # trained parameters
+  frozen: dict  # arrays the steps read but do not train
+  train_step: Callable  # jitted (state, frozen, batch, key) -> (state, metrics)
+  optimizer: optax.GradientTransformation
+  evaluate: Callable  # params -> dict of held-aside metrics
+  batch: Callable  # step -> the batch of that step (a pure function of it)
+  save: Callable  # (workdir, params, steps, eval records) -> None: the trained draft
+  summary: Callable  # eval dict -> one line for the progress bar
+
+
+def distill_task(config, progress=print) -> Task:
+  """The distilled draft (DistillSpec) as a Task."""
+  s = setup(config, progress)
+  optimizer = make_optimizer(config)
+  eval_step = make_eval_step(s.cfg)
+
+  def batch(step):
+    idx = data_lib.batch_indices(len(s.train_data), config.batch_size, step, config.seed)
+    return as_batch(s.train_data.take(idx))
+
+  def save(workdir, params, steps, evals):
+    params = {**jax.tree.map(np.asarray, params), 'vocab_ids': np.asarray(s.frozen['vocab_ids'])}
+    info = {
+      'target': s.target.source,
+      'divergence': config.divergence,
+      'steps': steps,
+      'init_layers': list(config.draft.init_layers),
+      'coverage': s.vocab_coverage,
+    }
+    draft_dir.save_draft(workdir / 'draft', s.cfg, params, info)
+
+  return Task(
+    describe=(
+      f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} tokens), '
+      f'{len(s.eval_data)} eval; draft vocabulary {config.draft.vocab_size} covers '
+      f"{s.vocab_coverage['argmax']:.3f} of the target's argmax tokens on eval data"
+    ),
+    init_params=s.init_params,
+    frozen=s.frozen,
+    train_step=make_train_step(s.cfg, optimizer, config.divergence, config.position_keep),
+    optimizer=optimizer,
+    evaluate=lambda params: evaluate(eval_step, params, s.frozen, s.eval_data, config.eval_batch),
+    batch=batch,
+    save=save,
+    summary=lambda ev: (
+      f'held-aside greedy match {ev["greedy"]:.3f}, T=1 acceptance {ev["accept_t1"]:.3f}'
+    ),
+  )
+
+
 def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict:
-  """Trains (or resumes) a draft per `config` in `workdir`; returns the final evaluation."""
+  """Trains (or resumes) a draft per `config` in `workdir`; returns the final evaluation.
+
+  `config.kind` picks the draft: 'distilled' (default) or 'eagle' (a feature head).
+  """
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
-  s = setup(config)
-  print(
-    f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} tokens), '
-    f'{len(s.eval_data)} eval; draft vocabulary {config.draft.vocab_size} covers '
-    f"{s.vocab_coverage['argmax']:.3f} of the target's argmax tokens on eval data",
-    flush=True,
-  )
-  optimizer = make_optimizer(config)
+  kind = config.get('kind', 'distilled')
+  if kind == 'eagle':
+    from specjax.train import eagle_head
+
+    task = eagle_head.task(config)
+  elif kind == 'distilled':
+    task = distill_task(config)
+  else:
+    raise ValueError(f"config.kind: unknown draft kind {kind!r}, expected 'distilled' or 'eagle'")
+  print(task.describe, flush=True)
   state = {
     'step': jnp.zeros((), jnp.int32),
-    'params': s.init_params,
-    'opt_state': optimizer.init(s.init_params),
+    'params': task.init_params,
+    'opt_state': task.optimizer.init(task.init_params),
   }
   options = ocp.CheckpointManagerOptions(
     max_to_keep=config.keep_checkpoints,
@@ -287,17 +352,9 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
     print(f'resumed from step {start}', flush=True)
   start = int(state['step'])
   metrics_log = MetricsLog(workdir / 'metrics.jsonl', start)
-  train_step = make_train_step(s.cfg, optimizer, config.divergence, config.position_keep)
-  eval_step = make_eval_step(s.cfg)
   key = jax.random.key(config.seed)
   if start == 0 and config.eval_every:
-    metrics_log.write(
-      {
-        'kind': 'eval',
-        'step': 0,
-        **evaluate(eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch),
-      }
-    )
+    metrics_log.write({'kind': 'eval', 'step': 0, **task.evaluate(state['params'])})
   old_handler = signal.signal(signal.SIGTERM, _raise_stop)
   bar = tqdm.tqdm(
     total=config.num_steps, initial=start, disable=not progress_bar, dynamic_ncols=True
@@ -305,23 +362,27 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
   step, tokens_seen, t0 = start, 0, time.perf_counter()
   try:
     for step in range(start, config.num_steps):
-      idx = data_lib.batch_indices(len(s.train_data), config.batch_size, step, config.seed)
-      batch = as_batch(s.train_data.take(idx))
-      state, metrics = train_step(state, s.frozen, batch, jax.random.fold_in(key, step))
+      batch = task.batch(step)
+      state, metrics = task.train_step(state, task.frozen, batch, jax.random.fold_in(key, step))
       tokens_seen += batch['tokens'].size
       done = step + 1
       if done % config.log_every == 0 or done == config.num_steps:
         metrics = {k: float(v) for k, v in metrics.items()}
         rate = tokens_seen / (time.perf_counter() - t0)
-        metrics_log.write({'kind': 'train', 'step': done, 'tokens_per_s': rate, **metrics})
+        metrics_log.write(
+          {
+            'kind': 'train',
+            'step': done,
+            'tokens_per_s': rate,
+            'tokens': done * int(batch['tokens'].size),
+            **metrics,
+          }
+        )
         bar.set_postfix(loss=f'{metrics["loss"]:.4f}', tok_s=f'{rate:.0f}')
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
-        ev = evaluate(eval_step, state['params'], s.frozen, s.eval_data, config.eval_batch)
+        ev = task.evaluate(state['params'])
         metrics_log.write({'kind': 'eval', 'step': done, **ev})
-        bar.write(
-          f'step {done}: held-aside greedy match {ev["greedy"]:.3f}, '
-          f'T=1 acceptance {ev["accept_t1"]:.3f}'
-        )
+        bar.write(f'step {done}: {task.summary(ev)}')
         metrics_log.plot(workdir)
       manager.save(done, args=ocp.args.StandardSave(state))
       bar.update(1)
@@ -336,17 +397,6 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
     manager.wait_until_finished()
     manager.close()
   metrics_log.plot(workdir)
-  params = {
-    **jax.tree.map(np.asarray, state['params']),
-    'vocab_ids': np.asarray(s.frozen['vocab_ids']),
-  }
-  info = {
-    'target': s.target.source,
-    'divergence': config.divergence,
-    'steps': final,
-    'init_layers': list(config.draft.init_layers),
-    'coverage': s.vocab_coverage,
-  }
-  draft_dir.save_draft(workdir / 'draft', s.cfg, params, info)
   evals = [r for r in metrics_log.records if r['kind'] == 'eval']
+  task.save(workdir, state['params'], final, evals)
   return evals[-1] if evals else {}
