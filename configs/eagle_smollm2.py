@@ -6,7 +6,8 @@
 
 Arguments after the colon (comma separated): `tiny` trains a head for the random tiny
 byte-level target in seconds (for tests); `steps=` overrides the number of steps;
-`vocab=` the draft vocabulary size; `unroll=` the training-time-test depth.
+`vocab=` the draft vocabulary size; `unroll=` the training-time-test depth; `gpu` the
+larger run of experiments/eagle_gpu/run_h200.sh (bfloat16 target, ~10x the data).
 
 The head (specjax/drafters/eagle.py): the target's residual stream entering layers
 2, L/2 and L-3 fused by one linear map, the target's (frozen) input embedding of the next
@@ -23,11 +24,12 @@ from specjax import config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = config_lib.parse_arg(arg, tiny=False, steps=0, vocab=0, unroll=0)
+  args = config_lib.parse_arg(arg, tiny=False, gpu=False, steps=0, vocab=0, unroll=0)
   tiny = args.tiny
   c = ml_collections.ConfigDict()
   c.kind = 'eagle'
   c.target = 'tiny' if tiny else 'smollm2-135m-instruct'
+  c.dtype = 'bfloat16' if args.gpu else 'float32'  # the target's, for generation and features
   c.seed = 0
   c.divergence = 'forward_kl'  # forward_kl, reverse_kl, jsd, tvd (specjax.train.divergences)
 
@@ -57,6 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.unroll = args.unroll or 3  # training-time test: draft steps unrolled per position
   c.step_decay = 0.8  # loss weight of unrolled step k is step_decay ** k
+  c.keep = 0 if tiny else 96  # positions per sequence the output head learns at (0: all)
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 3e-3 if tiny else 1e-3
@@ -74,4 +77,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_batch = 4 if tiny else 8
   c.checkpoint_every = 4 if tiny else 50
   c.keep_checkpoints = 2
+  if args.gpu:  # experiments/eagle_gpu/run_h200.sh: ~10x the data, one H200, < 10 minutes
+    c.data.name = 'smollm2-gpu'
+    c.data.num_prompts = 6000
+    c.data.generate_batch = 512
+    c.data.code_files = 531
+    c.data.code_chunks = 3000
+    c.data.doc_chunks = 500
+    c.data.label_batch = 64
+    c.batch_size = 64
+    c.num_steps = args.steps or 2000
+    c.eval_every = 250
+    c.checkpoint_every = 250
   return c

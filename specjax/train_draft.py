@@ -1,10 +1,13 @@
-r"""Entry point: python -m specjax.train_draft --config configs/distill_smollm2.py --workdir DIR.
+r"""Entry point: python -m specjax.train_draft --config configs/<name>.py --workdir DIR.
 
-Trains a draft for the config's target by distillation (specjax.train.trainer); running it
-again with the same workdir resumes from the latest checkpoint.
+Trains a draft for the config's target (specjax.train.trainer): `config.kind` 'distilled'
+(configs/distill_smollm2.py, a reduced-vocabulary draft model) or 'eagle'
+(configs/eagle_smollm2.py, an EAGLE-3-style feature head). Running it again with the same
+workdir resumes from the latest checkpoint.
 
-Example:
+Examples:
   python -m specjax.train_draft --config configs/distill_smollm2.py:tiny --workdir /tmp/tiny
+  python -m specjax.train_draft --config configs/eagle_smollm2.py --workdir runs/eagle
 """
 
 from absl import flags, logging

@@ -96,26 +96,42 @@ def unrolled_states(params, embed, features, tokens, cfg: eagle_model.EagleConfi
   return jnp.stack(outs)
 
 
-def teacher(frozen, batch):
+def teacher(frozen, batch, shifted: bool = False):
   """The target's sub-probabilities over the draft vocabulary for head positions:
-  p [B, T - 1, K] (of token t + 2) and their renormalised form."""
-  hidden = batch['hidden'][:, 1:].astype(jnp.float32)
-  logp = hidden @ frozen['head_w'] - batch['lse'][:, 1:, None]
+  p [B, T - 1, K] (of token t + 2) and their renormalised form. `shifted`: batch holds
+  hidden and lse of the head positions already (position t + 1's)."""
+  hidden, lse = batch['hidden'], batch['lse']
+  if not shifted:
+    hidden, lse = hidden[:, 1:], lse[:, 1:]
+  logp = hidden.astype(jnp.float32) @ frozen['head_w'] - lse[..., None]
   p = jnp.exp(logp)
   return p, p / jnp.maximum(p.sum(-1, keepdims=True), 1e-9)
 
 
-def loss_fn(params, frozen, batch, cfg, unroll, decay, divergence):
+def loss_fn(params, frozen, batch, key, cfg, unroll, decay, divergence, keep: int):
+  """The training-time-test loss; the output head (the K-wide part) runs at `keep` random
+  learned positions per sequence (0: all), the decoder layer at every position."""
   states = unrolled_states(
     params, frozen['embed'], batch['features'], batch['tokens'], cfg, unroll
   )  # [U, B, T-1, D]
-  logits = eagle_model.head_logits(params, states, cfg)  # [U, B, T-1, K]
-  _, p = teacher(frozen, batch)
   mask = batch['mask'][:, 1:].astype(jnp.float32)  # position t + 1's next token is learned
+  hidden, lse = batch['hidden'][:, 1:], batch['lse'][:, 1:]
+  if keep:
+    # Learned positions first, in random order; the step's key makes this reproducible.
+    score = mask + jax.random.uniform(key, mask.shape) * 0.5
+    _, pos = jax.lax.top_k(score, keep)  # [B, keep]
+    pick = lambda a: jnp.take_along_axis(a, pos.reshape(pos.shape + (1,) * (a.ndim - 2)), 1)
+    states = jax.vmap(pick)(states)
+    mask, hidden, lse = pick(mask), pick(hidden), pick(lse)
+    offset = pos
+  else:
+    offset = jnp.broadcast_to(jnp.arange(mask.shape[1]), mask.shape)
+  logits = eagle_model.head_logits(params, states, cfg)  # [U, B, T', K]
+  _, p = teacher(frozen, {'hidden': hidden, 'lse': lse}, shifted=True)
   div = registry.DIVERGENCES.get(divergence)
   total, metrics = 0.0, {}
   for k in range(unroll):
-    m = mask * (jnp.arange(mask.shape[1]) >= k)[None]
+    m = mask * (offset >= k)  # step k needs k - 1 earlier positions
     count = jnp.maximum(m.sum(), 1.0)
     d = jnp.sum(div(p, logits[k]) * m) / count
     total = total + decay**k * d
@@ -124,16 +140,17 @@ def loss_fn(params, frozen, batch, cfg, unroll, decay, divergence):
   return total / sum(decay**k for k in range(unroll)), metrics
 
 
-def make_train_step(cfg, optimizer, unroll: int, decay: float, divergence: str):
+def make_train_step(cfg, optimizer, unroll: int, decay: float, divergence: str, keep: int = 0):
   grad_fn = jax.value_and_grad(
-    functools.partial(loss_fn, cfg=cfg, unroll=unroll, decay=decay, divergence=divergence),
+    functools.partial(
+      loss_fn, cfg=cfg, unroll=unroll, decay=decay, divergence=divergence, keep=keep
+    ),
     has_aux=True,
   )
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state, frozen, batch, key):
-    del key
-    (loss, aux), grads = grad_fn(state['params'], frozen, batch)
+    (loss, aux), grads = grad_fn(state['params'], frozen, batch, key)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux}
@@ -153,19 +170,30 @@ def make_eval_step(cfg, unroll: int):
     q = jax.nn.softmax(eagle_model.head_logits(params, states, cfg), -1)
     p_sub, _ = teacher(frozen, batch)
     accept = jnp.sum(jnp.minimum(p_sub[None], q), -1)
-    hidden = batch['hidden'][:, 1:].astype(jnp.float32)
-    target_top = jnp.argmax(hidden @ frozen['full_w'], -1)  # over the whole vocabulary
-    greedy = frozen['vocab_ids'][jnp.argmax(q, -1)] == target_top[None]
+    greedy = frozen['vocab_ids'][jnp.argmax(q, -1)] == batch['target_top'][None]
     return greedy.astype(jnp.float32), accept
 
   return step
 
 
-def evaluate(eval_step, params, frozen, dataset: feature_data.FeatureSet, batch_size, unroll):
+def target_argmax(frozen, dataset: feature_data.FeatureSet, batch_size: int) -> np.ndarray:
+  """[N, T - 1] the target's greedy token after each head position (full vocabulary)."""
+  top = jax.jit(lambda h, w: jnp.argmax(h[:, 1:].astype(jnp.float32) @ w, -1))
+  out = []
+  for start in range(0, len(dataset), batch_size):
+    b = dataset.batch(np.arange(start, min(start + batch_size, len(dataset))))
+    out.append(np.asarray(top(b['hidden'], frozen['full_w'])))
+  return np.concatenate(out)
+
+
+def evaluate(
+  eval_step, params, frozen, dataset: feature_data.FeatureSet, batch_size, unroll, target_top
+):
   greedy, accept = [], []
   for start in range(0, len(dataset), batch_size):
-    batch = dataset.batch(np.arange(start, min(start + batch_size, len(dataset))))
-    g, a = eval_step(params, frozen, _device(batch))
+    rows = np.arange(start, min(start + batch_size, len(dataset)))
+    batch = {**_device(dataset.batch(rows)), 'target_top': jnp.asarray(target_top[rows])}
+    g, a = eval_step(params, frozen, batch)
     greedy.append(np.asarray(g))
     accept.append(np.asarray(a))
   greedy, accept = np.concatenate(greedy, 1), np.concatenate(accept, 1)  # [U, N, T-1]
@@ -196,25 +224,17 @@ def _device(batch):
   return {k: jnp.asarray(v) for k, v in batch.items() if k != 'source'}
 
 
-def vocabulary(target, data: feature_data.FeatureSet, size: int, batch: int = 16) -> np.ndarray:
-  """The `size` tokens with the most target probability mass over the training positions
-  (the target's argmax counted over the full vocabulary), EOS always in; sorted ids."""
+def vocabulary(target, data: feature_data.FeatureSet, size: int) -> np.ndarray:
+  """The `size` tokens that follow learned positions most often in the training data (on
+  the target's own answers these are its greedy tokens), EOS always in; sorted ids.
+  EAGLE-3 picks its draft vocabulary by token frequency the same way."""
   v = target.cfg.vocab_size
   if size >= v:
     return np.arange(v, dtype=np.int32)
-  full_w = _full_w(target)
-
-  @jax.jit
-  def counts(hidden, lse, mask):
-    p = jnp.exp(hidden.astype(jnp.float32) @ full_w - lse[..., None])
-    return jnp.sum(p * mask[..., None], axis=(0, 1))
-
-  mass = np.zeros(v)
-  for start in range(0, len(data), batch):
-    b = data.batch(np.arange(start, min(start + batch, len(data))))
-    mass += np.asarray(counts(b['hidden'], b['lse'], b['mask'].astype(np.float32)))
-  mass[target.tokenizer.eos_id] = np.inf
-  return np.sort(np.argsort(-mass, kind='stable')[:size]).astype(np.int32)
+  tokens, mask = data.tokens[data.rows], data.mask[data.rows]
+  counts = np.bincount(tokens[:, 1:][mask[:, :-1]], minlength=v).astype(np.float64)
+  counts[target.tokenizer.eos_id] = np.inf
+  return np.sort(np.argsort(-counts, kind='stable')[:size]).astype(np.int32)
 
 
 def _full_w(target):
@@ -235,7 +255,7 @@ class HeadSetup:
 def setup(config, progress=print) -> HeadSetup:
   from specjax.checkpoints.loader import load_model
 
-  target = load_model(config.target)
+  target = load_model(config.target, config.get('dtype', 'float32'))
   capture = tuple(config.head.capture) or eagle_model.default_capture(target.cfg.n_layers)
   cfg = eagle_model.EagleConfig.for_target(
     target.cfg, config.head.vocab_size, capture, config.head.ffn_dim
@@ -265,6 +285,11 @@ def task(config, progress=print):
   unroll = config.unroll
   eval_step = make_eval_step(s.cfg, unroll)
   seq_len = s.train_data.tokens.shape[1]
+  eval_top = target_argmax(s.frozen, s.eval_data, config.eval_batch)
+  inside = np.zeros(s.cfg.vocab_size, bool)
+  inside[np.asarray(s.frozen['vocab_ids'])] = True
+  eval_mask = s.eval_data.mask[s.eval_data.rows][:, 1:]
+  coverage = float(inside[eval_top][eval_mask].mean())
 
   def batch(step):
     idx = data_lib.batch_indices(len(s.train_data), config.batch_size, step, config.seed)
@@ -279,22 +304,26 @@ def task(config, progress=print):
       'unroll': unroll,
       'divergence': config.divergence,
       'final_eval': evals[-1] if evals else {},
+      'vocab_coverage': coverage,
     }
     eagle3.save(workdir / 'head', s.cfg, head, info)
 
   describe = (
     f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} learned positions), '
     f'{len(s.eval_data)} held aside; head {s.cfg.num_params / 1e6:.1f}M parameters, '
-    f'{s.cfg.draft_vocab}-token vocabulary, target layers {list(s.cfg.capture)}'
+    f"{s.cfg.draft_vocab}-token vocabulary (holds {coverage:.3f} of the target's greedy "
+    f'tokens on held-aside data), target layers {list(s.cfg.capture)}'
   )
   return Task(
     describe=describe,
     init_params=s.init_params,
     frozen=s.frozen,
-    train_step=make_train_step(s.cfg, optimizer, unroll, config.step_decay, config.divergence),
+    train_step=make_train_step(
+      s.cfg, optimizer, unroll, config.step_decay, config.divergence, config.get('keep', 0)
+    ),
     optimizer=optimizer,
     evaluate=lambda params: evaluate(
-      eval_step, params, s.frozen, s.eval_data, config.eval_batch, unroll
+      eval_step, params, s.frozen, s.eval_data, config.eval_batch, unroll, eval_top
     ),
     batch=batch,
     save=save,
