@@ -37,13 +37,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0
   c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
   # Speculative decoding with every draft below, compared with autoregressive decoding in
-  # the same run: prompt lookup ('ngram') and the draft distilled for SmolLM2 that ships
-  # with specjax ('distilled'; the tiny model uses its first layer, 'truncated:1'). Each
-  # draft runs at every gamma in `gammas`, and adaptively (gamma chosen every iteration
-  # among 0 and `adaptive_gammas` from the measured costs and the acceptance seen so far).
-  # More drafts: 'truncated:K', 'layers:...' (configs/layerskip_smollm2.py), a model path.
+  # the same run: prompt lookup ('ngram') and the EAGLE-3-style feature head trained for
+  # SmolLM2 that ships with specjax ('eagle': it drafts from the target's own hidden
+  # states; the tiny model uses its first layer, 'truncated:1'). Each draft runs at every
+  # gamma in `gammas`, and adaptively (gamma chosen every iteration among 0 and
+  # `adaptive_gammas` from the measured costs and the acceptance seen so far).
+  # More drafts: 'distilled' (the distilled draft model), 'truncated:K', 'layers:...'
+  # (configs/layerskip_smollm2.py), 'eagle:DIR', a model path.
   # An empty tuple runs autoregressive decoding only.
-  c.drafts = ('ngram', 'truncated:1' if args.tiny else 'distilled')
+  c.drafts = ('ngram', 'truncated:1' if args.tiny else 'eagle')
   c.verifier = 'rejection'  # rejection, block, or greedy (temperature 0 only)
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,)  # or --config.gammas='(1, 2, 4, 8)'
   c.adaptive_gammas = (1, 2, 4)  # () runs no adaptive methods

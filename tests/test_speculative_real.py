@@ -48,3 +48,30 @@ def test_real_greedy_identity_on_20_prompts(setup, gamma):
   # The draft's tokens really were accepted, several at a time.
   assert out.acceptance_rate > 0.1
   assert max(max(a) for a in out.accepted) >= min(gamma, 2)
+
+
+def test_the_shipped_eagle_head_is_lossless_and_accepted(smollm2):
+  """The EAGLE-3 head that ships for SmolLM2 (the default learned draft): greedy identity
+  on the same 20 prompts, and its drafts really are accepted, several at a time."""
+  drafter, draft_params = registry.build_draft('eagle', smollm2)
+  engine = Engine(
+    smollm2.params,
+    smollm2.cfg,
+    eos_id=smollm2.tokenizer.eos_id,
+    cache_size=1024,
+    drafter=drafter,
+    draft_params=draft_params,
+  )
+  texts = [p.text for p in prompts_lib.load_prompts('mtbench')[::8]] + [
+    p.text for p in prompts_lib.load_prompts('humaneval', 10)
+  ]
+  prompts = [smollm2.tokenizer.encode_chat(t) for t in texts]
+  reference = engine.generate(prompts, NEW_TOKENS).tokens
+  out = engine.generate(prompts, NEW_TOKENS, gamma=3, verifier='greedy')
+  mismatches = sum(ours != ref for ours, ref in zip(out.tokens, reference))
+  near_ties = metrics.count_near_ties(
+    engine, prompts, [{'tokens': t} for t in out.tokens], [{'tokens': t} for t in reference]
+  )
+  assert mismatches == near_ties
+  assert out.acceptance_rate > 0.3, out.acceptance_rate
+  assert max(max(a) for a in out.accepted) == 3

@@ -61,7 +61,7 @@ class EagleDrafter(Drafter):
 
   cfg: EagleConfig
   name: str = 'EAGLE-3 feature head'
-  ring: int = 8
+  ring: int = 16
   resync: int = 0
 
   @property
