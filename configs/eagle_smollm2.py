@@ -6,7 +6,9 @@
 
 Arguments after the colon (comma separated): `tiny` trains a head for the random tiny
 byte-level target in seconds (for tests); `steps=` overrides the number of steps;
-`vocab=` the draft vocabulary size; `unroll=` the training-time-test depth; `gpu` the
+`vocab=` the draft vocabulary size; `unroll=` the training-time-test depth; `more` adds
+the target's answers to 'complete this function' prompts (the second training phase of
+the shipped head, with `init_from=` the first phase's head directory); `gpu` the
 larger run of experiments/eagle_gpu/run_h200.sh (bfloat16 target, ~10x the data).
 
 The head (specjax/drafters/eagle.py): the target's residual stream entering layers
@@ -24,7 +26,9 @@ from specjax import config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = config_lib.parse_arg(arg, tiny=False, gpu=False, steps=0, vocab=0, unroll=0)
+  args = config_lib.parse_arg(
+    arg, tiny=False, gpu=False, more=False, init_from='', steps=0, vocab=0, unroll=0
+  )
   tiny = args.tiny
   c = ml_collections.ConfigDict()
   c.kind = 'eagle'
@@ -56,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.head.vocab_size = args.vocab or (64 if tiny else 8192)
   c.head.ffn_dim = 0  # 0: the target's
   c.head.init_layer = -1  # target layer the decoder layer's weights start from (-1: random)
+  c.head.init_from = args.init_from  # an EAGLE-3 head directory to continue training from
 
   c.unroll = args.unroll or 3  # training-time test: draft steps unrolled per position
   c.step_decay = 0.8  # loss weight of unrolled step k is step_decay ** k
@@ -77,6 +82,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_batch = 4 if tiny else 8
   c.checkpoint_every = 4 if tiny else 50
   c.keep_checkpoints = 2
+  if args.more:  # second phase: + answers to completion and general chat prompts
+    m = c.more_data = ml_collections.ConfigDict(c.data.to_dict())
+    m.name = 'smollm2-completions'
+    m.prompts = 'completions+mixed'  # specjax.train.feature_data: completion, mixed prompts
+    m.num_prompts = 1600
+    m.eval_prompts = 0
+    m.code_chunks = m.doc_chunks = m.eval_chunks = 0
+    m.code_files = 0
+    c.num_steps = args.steps or 600
+    c.optim.lr = 4e-4
+    c.optim.warmup_steps = 20
   if args.gpu:  # experiments/eagle_gpu/run_h200.sh: ~10x the data, one H200, < 10 minutes
     c.data.name = 'smollm2-gpu'
     c.data.num_prompts = 6000

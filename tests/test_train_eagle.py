@@ -123,6 +123,9 @@ def test_no_evaluation_prompt_in_the_feature_head_data():
   held_out = _eval_texts()
   prompts = feature_data.all_prompts(config)
   assert len(prompts) >= config.num_prompts
+  second = feature_data.all_prompts(eagle_smollm2.get_config('more').more_data)
+  assert len(second) > 1000
+  prompts += second
   for prompt in prompts:
     text = _normal(prompt)
     assert not any(h in text or text in h for h in held_out), prompt[:200]

@@ -95,8 +95,13 @@ def main(_):
     params = eagle_model.init_params(cfg, jax.random.key(0), ids, target.params)
     drafter = EagleDrafter(cfg)
     timer = costs_lib.timer_propose(
-      drafter, {'head': params, 'embed': target.params['embed']}, target.params, target.cfg,
-      1, FLAGS.gamma, 1024,
+      drafter,
+      {'head': params, 'embed': target.params['embed']},
+      target.params,
+      target.cfg,
+      1,
+      FLAGS.gamma,
+      1024,
     )
     ms = costs_lib.fastest({'propose': timer})['propose']
     rows.append(
@@ -120,8 +125,11 @@ def main(_):
       ['K', 'greedy tokens covered', 'head params (M)', 'ms per draft token', 'of a target step'],
       [
         [
-          r['draft_vocab'], f"{r['coverage']:.3f}", f"{r['params_M']:.1f}",
-          f"{r['ms_per_token']:.2f}", f"{r['fraction_of_target_step']:.1%}",
+          r['draft_vocab'],
+          f'{r["coverage"]:.3f}',
+          f'{r["params_M"]:.1f}',
+          f'{r["ms_per_token"]:.2f}',
+          f'{r["fraction_of_target_step"]:.1%}',
         ]
         for r in rows
       ],

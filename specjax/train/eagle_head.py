@@ -261,10 +261,24 @@ def setup(config, progress=print) -> HeadSetup:
     target.cfg, config.head.vocab_size, capture, config.head.ffn_dim
   )
   train_data, eval_data = feature_data.build(target, config.data, capture, progress)
-  vocab_ids = vocabulary(target, train_data, config.head.vocab_size)
-  params = eagle_model.init_params(
-    cfg, jax.random.key(config.seed), vocab_ids, target.params, config.head.init_layer
-  )
+  more = config.get('more_data')
+  if more is not None and more.get('name'):  # more training sequences (held-aside: the first's)
+    extra, _ = feature_data.build(target, more, capture, progress)
+    train_data = feature_data.Concat([train_data, extra])
+  if config.head.get('init_from'):  # continue from a saved head (its vocabulary too)
+    from specjax.checkpoints import eagle3
+
+    start_cfg, params, _ = eagle3.load(config.head.init_from)
+    if start_cfg != cfg:
+      raise ValueError(
+        f'head.init_from {config.head.init_from}: its shape {start_cfg} differs from the '
+        f"config's {cfg}"
+      )
+  else:
+    vocab_ids = vocabulary(target, train_data, config.head.vocab_size)
+    params = eagle_model.init_params(
+      cfg, jax.random.key(config.seed), vocab_ids, target.params, config.head.init_layer
+    )
   full_w = _full_w(target)
   frozen = {
     'embed': jnp.asarray(target.params['embed']),

@@ -102,8 +102,104 @@ def docstring_prompts(files: list[pathlib.Path], limit: int, max_lines: int = 40
   return out
 
 
+COMPLETION_TEMPLATE = (
+  'Complete the following Python function. Reply with the full function in a Python code '
+  'block.\n\n```python\n{header}```'
+)
+
+
+def completion_prompts(files: list[pathlib.Path], max_lines: int = 40) -> list[str]:
+  """'Complete this function' prompts: the def line and docstring of documented, public
+  stdlib functions of `files` (the task shape of code-completion benchmarks, on code
+  that is none of theirs)."""
+  out = []
+  for f in files:
+    try:
+      text = f.read_text(errors='replace')
+      tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+      continue
+    lines = text.splitlines(keepends=True)
+    for node in ast.walk(tree):
+      if not isinstance(node, ast.FunctionDef) or node.name.startswith('_'):
+        continue
+      doc = ast.get_docstring(node)
+      if not doc or node.end_lineno - node.lineno > max_lines or len(doc) < 40:
+        continue
+      if node.args.args and node.args.args[0].arg in ('self', 'cls'):
+        continue  # methods need their class
+      source = textwrap.dedent(''.join(lines[node.lineno - 1 : node.end_lineno]))
+      header = prompts_lib._header(source)
+      if header:
+        out.append(COMPLETION_TEMPLATE.format(header=header))
+  return out
+
+
+# Task shapes of general chat benchmarks (writing, role-play, extraction, summaries, STEM,
+# humanities, math, reasoning), written for specjax and filled with specjax's own topics,
+# numbers and passages of the interpreter's documentation: none is a benchmark question.
+MIXED_TEMPLATES = (
+  'Write a persuasive paragraph arguing that everyone should learn about {topic}.',
+  'You are a museum curator. Introduce an exhibition about {topic} to a group of children.',
+  'Act as a job interviewer and ask me five questions about {topic}, one at a time.',
+  'Write a dialogue between a teacher and a curious student about {topic}.',
+  'Explain {topic} in exactly three sentences, then give one everyday example.',
+  'Describe how {topic} has changed over the last hundred years.',
+  'What ethical questions does {topic} raise? Discuss two of them.',
+  'Write a limerick about {topic}, then explain the joke.',
+)
+PASSAGE_TEMPLATES = (
+  'Summarize the following passage in three bullet points:\n\n{passage}',
+  'Extract every technical term from the text below and return them as a JSON list.\n\n'
+  '{passage}',
+  'Rewrite the following paragraph in plain language for a beginner:\n\n{passage}',
+  'Write two quiz questions, with answers, based on this text:\n\n{passage}',
+)
+MATH_TEMPLATES = (
+  'A shop sells pencils at {a} cents each and notebooks at {b} times that price. How much '
+  'do {c} pencils and {d} notebooks cost? Show your reasoning step by step.',
+  'A train travels {a} km in {b} hours, then {c} km in {d} hours. What is its average '
+  'speed over the whole trip? Explain each step.',
+  'Solve for x: {a}x + {b} = {c}x - {d}. Show your work.',
+  'If a rectangle has a perimeter of {e} cm and one side is {a} cm, what is its area?',
+)
+
+
+def mixed_prompts(seed: int = 0) -> list[str]:
+  """General chat prompts of several task shapes (see the templates above)."""
+  import random
+
+  rng = random.Random(seed)
+  out = [t.format(topic=x) for t in MIXED_TEMPLATES for x in prompts_lib.TOPICS]
+  paragraphs = [
+    p.strip() for p in data_lib.doc_text().split('\n\n') if 300 <= len(p.strip()) <= 700
+  ]
+  rng.shuffle(paragraphs)
+  for i, passage in enumerate(paragraphs[:240]):
+    out.append(PASSAGE_TEMPLATES[i % len(PASSAGE_TEMPLATES)].format(passage=passage))
+  for _ in range(40):
+    for t in MATH_TEMPLATES:
+      a, b, c, d = (rng.randint(2, 60) for _ in range(4))
+      out.append(t.format(a=a, b=b, c=c, d=d, e=2 * a + 2 * rng.randint(2, 40)))
+  return out
+
+
 def all_prompts(config) -> list[str]:
-  """specjax's instruction prompts, then docstring prompts, up to config.num_prompts."""
+  """The prompts of a data config, in a fixed order (the first num_prompts are used).
+
+  config.prompts 'instructions' (default): specjax's instruction prompts, then docstring
+  prompts; 'completions': completion_prompts of the training files; 'completions+mixed':
+  those and mixed_prompts, shuffled together.
+  """
+  kind = config.get('prompts', 'instructions')
+  if kind in ('completions', 'completions+mixed'):
+    files = training_files()
+    np.random.default_rng(config.seed).shuffle(files)
+    prompts = completion_prompts(files)
+    if kind == 'completions+mixed':
+      prompts += mixed_prompts(config.seed)
+    np.random.default_rng(config.seed + 1).shuffle(prompts)
+    return prompts
   prompts = prompts_lib.instruction_prompts(config.seed)
   files = training_files()
   np.random.default_rng(config.seed).shuffle(files)
@@ -217,6 +313,43 @@ class FeatureSet:
   @property
   def num_tokens(self) -> int:
     return int(self.mask[self.rows].sum())
+
+
+class Concat:
+  """Several FeatureSets (of the same sequence length and capture) as one training set."""
+
+  def __init__(self, sets: list[FeatureSet]):
+    self.sets = sets
+    self.capture = sets[0].capture
+    self.offsets = np.cumsum([0] + [len(x) for x in sets])
+    # Token and mask arrays of the selected rows only (small): what vocabulary() reads.
+    self.tokens = np.concatenate([x.tokens[x.rows] for x in sets])
+    self.mask = np.concatenate([x.mask[x.rows] for x in sets])
+    self.source = np.concatenate([x.source[x.rows] for x in sets])
+    self.rows = np.arange(len(self.tokens))
+
+  def __len__(self) -> int:
+    return int(self.offsets[-1])
+
+  def batch(self, index: np.ndarray) -> dict[str, np.ndarray]:
+    index = np.asarray(index)
+    which = np.searchsorted(self.offsets, index, side='right') - 1
+    parts = [
+      (np.flatnonzero(which == i), x.batch(index[which == i] - self.offsets[i]))
+      for i, x in enumerate(self.sets)
+      if np.any(which == i)
+    ]
+    out = {}
+    for key in parts[0][1]:
+      value = np.empty((len(index),) + parts[0][1][key].shape[1:], parts[0][1][key].dtype)
+      for where, part in parts:
+        value[where] = part[key]
+      out[key] = value
+    return out
+
+  @property
+  def num_tokens(self) -> int:
+    return int(self.mask.sum())
 
 
 def label_features(target, tokens: np.ndarray, capture, folder, batch: int, progress=print):
