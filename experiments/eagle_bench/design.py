@@ -34,6 +34,7 @@ from specjax.train import eagle_head, feature_data
 flags.DEFINE_string('workdir', 'runs/eagle', 'A training run (metrics.jsonl) for the curve.')
 flags.DEFINE_string('sizes', '2048,4096,8192,16384', 'Draft vocabulary sizes to compare.')
 flags.DEFINE_integer('gamma', 3, 'Draft length for the cost measurement.')
+flags.DEFINE_bool('curve_only', False, 'Only the learning curve (no model, no timing).')
 flags.DEFINE_string('out', 'experiments/eagle_bench/results', 'Output folder.')
 FLAGS = flags.FLAGS
 
@@ -65,7 +66,9 @@ def learning_curve(workdir: pathlib.Path, out: pathlib.Path) -> list[dict]:
   ax2 = ax.twinx()
   ax2.plot(x, [r['chain'] for r in curve], 'k--', label='chain (right)')
   ax2.set_ylabel('draft tokens kept per greedy chain of 3')
-  fig.legend(loc='lower right', fontsize=8)
+  h1, l1 = ax.get_legend_handles_labels()
+  h2, l2 = ax2.get_legend_handles_labels()
+  ax.legend(h1 + h2, l1 + l2, loc='upper left', fontsize=8)
   fig.tight_layout()
   fig.savefig(out / 'learning_curve.png', dpi=110)
   plt.close(fig)
@@ -75,6 +78,9 @@ def learning_curve(workdir: pathlib.Path, out: pathlib.Path) -> list[dict]:
 def main(_):
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
+  if FLAGS.curve_only:
+    learning_curve(pathlib.Path(FLAGS.workdir), out)
+    return
   from configs import eagle_smollm2
 
   config = eagle_smollm2.get_config()

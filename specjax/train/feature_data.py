@@ -150,8 +150,7 @@ MIXED_TEMPLATES = (
 )
 PASSAGE_TEMPLATES = (
   'Summarize the following passage in three bullet points:\n\n{passage}',
-  'Extract every technical term from the text below and return them as a JSON list.\n\n'
-  '{passage}',
+  'Extract every technical term from the text below and return them as a JSON list.\n\n{passage}',
   'Rewrite the following paragraph in plain language for a beginner:\n\n{passage}',
   'Write two quiz questions, with answers, based on this text:\n\n{passage}',
 )
