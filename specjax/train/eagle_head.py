@@ -29,7 +29,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from specjax import registry
 from specjax.models import eagle as eagle_model
@@ -141,22 +140,13 @@ def loss_fn(params, frozen, batch, key, cfg, unroll, decay, divergence, keep: in
 
 
 def make_train_step(cfg, optimizer, unroll: int, decay: float, divergence: str, keep: int = 0):
-  grad_fn = jax.value_and_grad(
-    functools.partial(
-      loss_fn, cfg=cfg, unroll=unroll, decay=decay, divergence=divergence, keep=keep
-    ),
-    has_aux=True,
+  """A jitted (state, frozen, batch, key) -> (state, metrics)."""
+  from specjax.train.trainer import optimizer_step
+
+  loss = functools.partial(
+    loss_fn, cfg=cfg, unroll=unroll, decay=decay, divergence=divergence, keep=keep
   )
-
-  @functools.partial(jax.jit, donate_argnums=0)
-  def step(state, frozen, batch, key):
-    (loss, aux), grads = grad_fn(state['params'], frozen, batch, key)
-    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
-    params = optax.apply_updates(state['params'], updates)
-    metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux}
-    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
-
-  return step
+  return optimizer_step(loss, optimizer)
 
 
 def make_eval_step(cfg, unroll: int):

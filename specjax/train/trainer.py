@@ -95,10 +95,14 @@ def loss_fn(params, frozen, batch, key, cfg, divergence: str, position_keep: flo
 
 def make_train_step(cfg, optimizer, divergence: str, position_keep: float = 1.0):
   """A jitted (state, frozen, batch, key) -> (state, metrics)."""
-  grad_fn = jax.value_and_grad(
-    functools.partial(loss_fn, cfg=cfg, divergence=divergence, position_keep=position_keep),
-    has_aux=True,
-  )
+  loss = functools.partial(loss_fn, cfg=cfg, divergence=divergence, position_keep=position_keep)
+  return optimizer_step(loss, optimizer)
+
+
+def optimizer_step(loss, optimizer):
+  """A jitted (state, frozen, batch, key) -> (state, metrics) for any
+  loss(params, frozen, batch, key) -> (loss, metrics): one optax update."""
+  grad_fn = jax.value_and_grad(loss, has_aux=True)
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state, frozen, batch, key):
