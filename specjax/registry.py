@@ -30,6 +30,7 @@ DRAFTS = Registry(
     'distilled': 'specjax.drafters.distilled:DISTILLED',
     'eagle': 'specjax.drafters.eagle:EAGLE',
     'consensus': 'specjax.drafters.consensus:CONSENSUS',
+    'quantized': 'specjax.drafters.model:QUANTIZED',
     'model': 'specjax.drafters.model:MODEL',  # any other spec: a model path
   },
 )

@@ -258,3 +258,32 @@ def load_gguf(
   for tree_path, w, kind in _iter_leaves(reader, cfg, path, progress):
     _set(params, tree_path, np.array(to_tree_layout(w, kind, cfg), dtype=dtype, order='C'))
   return cfg, params
+
+
+def load_gguf_blocks(path: str | os.PathLike, cfg: LlamaConfig) -> dict[tuple[Any, ...], Any]:
+  """The q4_1 and q8_0 matrices of a llama GGUF file as `quant.BlockWeight`s, as stored.
+
+  Returns {tree path: BlockWeight} (see tensor_table) for every matrix of those types,
+  with llama.cpp's Q/K row permutation undone; other tensors are left out.
+  """
+  from specjax.models import quant
+
+  path = pathlib.Path(path)
+  reader = open_reader(path)
+  tensors = {t.name: t for t in reader.tensors}
+  out = {}
+  for name, tree_path, kind in tensor_table(cfg):
+    t = tensors.get(name)
+    fmt = {'Q4_1': 'q4_1', 'Q8_0': 'q8_0'}.get(t.tensor_type.name) if t is not None else None
+    if fmt is None or len(t.shape) != 2:
+      continue
+    rows, k = int(t.shape[1]), int(t.shape[0])
+    order = None
+    if kind in (QUERY, KEY):
+      heads = cfg.n_heads if kind == QUERY else cfg.n_kv_heads
+      order = unpermute_rows(np.arange(rows)[:, None], heads)[:, 0]
+    embedding = tree_path == ('embed',)
+    out[tree_path] = quant.from_gguf(
+      np.asarray(t.data), fmt, k, transposed=not embedding, row_order=order
+    )
+  return out

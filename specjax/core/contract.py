@@ -114,6 +114,13 @@ class Drafter(abc.ABC):
     """
     return ()
 
+  @property
+  def reads_target_cache(self) -> bool:
+    """True: `init` also gets the target's KV cache after the prompt as `target_cache=`
+    (a draft of the target's own architecture can start from it instead of its own
+    prefill; the quantized target does)."""
+    return False
+
   def absorb(self, draft_state, features: jax.Array, start: jax.Array, state: DecodeState):
     """Takes the target's features[B, T, C * D] of positions start[B] + t (called after
     the verifier's commit, before `rollback`, only when `feature_layers` is non-empty)."""

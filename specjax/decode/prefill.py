@@ -64,6 +64,8 @@ def prefill(
   draft_state = None
   if method.gamma:
     extra = {'features': out[2]} if capture else {}  # the prompt's, for feature heads
+    if method.drafter.reads_target_cache:
+      extra['target_cache'] = cache
     draft_state = method.drafter.init(
       params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache, **extra
     )

@@ -240,3 +240,68 @@ MODEL = DraftKind(
   parse=_parse_model,
   build=_build_model,
 )
+
+
+QUANTIZED_USAGE = (
+  "quantized (the target in its GGUF file's own q4_1/q8_0 blocks, else rounded to q8_0, "
+  'with 8-bit integer products) or quantized:q8_0'
+)
+
+
+def _parse_quantized(spec) -> str:
+  if spec.options or len(spec.args) > 1 or (spec.args and spec.args[0] != 'q8_0'):
+    raise spec.error(QUANTIZED_USAGE)
+  return spec.args[0] if spec.args else 'auto'
+
+
+def quantized_params(target, fmt: str = 'auto'):
+  """The target's parameters with its matrices as block-quantized weights (models/quant.py).
+
+  'auto' takes the q4_1 / q8_0 blocks stored in the target's GGUF file, exactly, where it
+  has them, and rounds every other matrix to q8_0; 'q8_0' rounds all of them.
+  """
+  from specjax.checkpoints import gguf
+  from specjax.models import quant
+
+  params = quant.quantize_params(target.params)
+  stored = {}
+  if fmt == 'auto' and str(target.source).endswith('.gguf'):
+    stored = gguf.load_gguf_blocks(target.source, target.cfg)
+  for path, w in stored.items():
+    node = params
+    for key in path[:-1]:
+      node = node[key]
+    node[path[-1]] = w
+  return params, sorted({w.fmt for w in stored.values()})
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedDrafter(ModelDrafter):
+  """The target's own architecture with block-quantized weights (models/quant.py).
+
+  It starts from the target's KV cache of the prompt instead of a prefill of its own (a
+  prompt is too many rows for the 8-bit kernel; expanding the weights for it cost more
+  than the target's prefill), then writes its own keys and values for what follows.
+  """
+
+  @property
+  def reads_target_cache(self) -> bool:
+    return True
+
+  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target_cache=None):
+    if target_cache is None:
+      return super().init(params, prompt_tokens, prompt_lens, cache_size, constrain)
+    last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
+    return ModelDraftState(cache=target_cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
+
+
+def _build_quantized(fmt, target, dtype):
+  params, stored = quantized_params(target, fmt)
+  leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: hasattr(x, 'fmt'))
+  kinds = '/'.join(sorted({x.fmt for x in leaves if hasattr(x, 'fmt')}))
+  origin = 'as stored in its GGUF file' if stored else 'rounded from float32'
+  name = f'target quantized ({kinds} weights {origin}, 8-bit activations)'
+  return QuantizedDrafter(target.cfg, name=name), params
+
+
+QUANTIZED = DraftKind(usage=QUANTIZED_USAGE, parse=_parse_quantized, build=_build_quantized)

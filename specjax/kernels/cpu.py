@@ -28,8 +28,10 @@ import jax
 import jax.numpy as jnp
 
 KERNEL_ROWS = (2, 4)  # the rows of x for which the kernel beats XLA (inclusive)
-_SOURCE = pathlib.Path(__file__).with_name('cpu_linear.cc')
+_SOURCES = tuple(pathlib.Path(__file__).with_name(n) for n in ('cpu_linear.cc', 'cpu_blocks.cc'))
 _TARGET = 'specjax_linear_nk'
+BLOCK_TARGETS = {'q4_1': 'specjax_blocks_q4_1', 'q8_0': 'specjax_blocks_q8_0'}
+MAX_BLOCK_ROWS = 64  # kMaxRows in cpu_blocks.cc
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -43,20 +45,21 @@ def _cache_dir() -> pathlib.Path:
 
 def _compile() -> pathlib.Path:
   """Builds the shared library (once per source, jaxlib and machine) and returns its path."""
-  source = _SOURCE.read_bytes()
-  flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno']
+  source = b''.join(f.read_bytes() for f in (*_SOURCES, _SOURCES[0].with_name('spin_pool.h')))
+  flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-pthread']
   compiler = os.environ.get('CXX', 'c++')
   key = hashlib.sha256(
     b'\0'.join([source, jax.lib.__version__.encode(), ' '.join([compiler, *flags]).encode()])
     + os.uname().machine.encode()
     + os.uname().nodename.encode()
   ).hexdigest()[:16]
-  out = _cache_dir() / f'cpu_linear-{key}.so'
+  out = _cache_dir() / f'specjax_cpu-{key}.so'
   if out.exists():
     return out
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.with_suffix(f'.{os.getpid()}.tmp')
-  cmd = [compiler, *flags, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', str(tmp)]
+  includes = [f'-I{jax.ffi.include_dir()}', f'-I{_SOURCES[0].parents[2]}']
+  cmd = [compiler, *flags, *includes, *map(str, _SOURCES), '-o', str(tmp)]
   try:
     done = subprocess.run(cmd, capture_output=True, text=True)
   except OSError as e:
@@ -77,9 +80,10 @@ def load() -> bool:
       return False
     try:
       library = ctypes.cdll.LoadLibrary(str(_compile()))
-      jax.ffi.register_ffi_target(
-        _TARGET, jax.ffi.pycapsule(getattr(library, _TARGET)), platform='cpu'
-      )
+      for target in (_TARGET, *BLOCK_TARGETS.values()):
+        jax.ffi.register_ffi_target(
+          target, jax.ffi.pycapsule(getattr(library, target)), platform='cpu'
+        )
       _state.update(ok=True, why='compiled and registered', library=library)
     except Exception as e:  # noqa: BLE001 - any failure means: use XLA
       warnings.warn(f'specjax CPU kernel unavailable, using XLA: {e}', stacklevel=3)

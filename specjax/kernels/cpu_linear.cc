@@ -9,12 +9,7 @@
 // 113 MB head (49152 x 576) that read ran at ~28 GB/s where a one-row product runs at
 // ~55 GB/s (experiments/step_profile). This kernel reads each weight row once per call
 // and reuses it, from L1, for up to four rows of x at a time; the rows of w are split
-// across XLA's intra-op thread pool.
-//
-// Work is cut into chunks claimed from an atomic counter. The calling thread claims
-// chunks too and only ever waits for chunks a helper has already claimed (and is
-// therefore running), so the call cannot deadlock when every pool thread is busy:
-// a helper that starts late finds nothing left and returns.
+// over spin_pool.h's threads.
 //
 // Sums are float32 in a fixed order that does not depend on the number of threads
 // or on which thread ran a chunk: results are deterministic.
@@ -25,16 +20,11 @@
 #include <cstdint>
 #include <memory>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define SPECJAX_PAUSE() _mm_pause()
-#else
-#define SPECJAX_PAUSE() ((void)0)
 #endif
 
+#include "specjax/kernels/spin_pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -43,37 +33,6 @@ namespace {
 
 constexpr int64_t kMaxRows = 64;  // rows of x the kernel accepts (Python uses 2-4)
 
-struct Work {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t chunks = 0;
-};
-
-// Runs body(chunk) for chunk in [0, chunks) on the caller and up to helpers pool threads.
-template <typename Body>
-void Parallel(ffi::ThreadPool& pool, int64_t chunks, int64_t helpers, Body body) {
-  if (chunks <= 1 || helpers <= 0) {
-    for (int64_t c = 0; c < chunks; ++c) body(c);
-    return;
-  }
-  auto work = std::make_shared<Work>();
-  work->chunks = chunks;
-  // The body is copied into every helper: a helper may start after this call returned,
-  // when it finds no chunk left and touches nothing but its own copy and `work`.
-  auto drain = [](Work& w, const Body& b) {
-    for (;;) {
-      int64_t c = w.next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= w.chunks) return;
-      b(c);
-      w.done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t h = 0; h < std::min(helpers, chunks - 1); ++h) {
-    pool.Schedule([work, body, drain]() { drain(*work, body); });
-  }
-  drain(*work, body);
-  while (work->done.load(std::memory_order_acquire) < chunks) SPECJAX_PAUSE();
-}
 
 // y[m, lo:hi] = x[m, :] . w[lo:hi, :] for every row m: four weight rows at a time,
 // each block reused (in L1) for every group of up to four rows of x.
@@ -135,20 +94,18 @@ ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, int64_t
   return ffi::Error::Success();
 }
 
-int64_t Helpers(ffi::ThreadPool& pool) { return std::max<int64_t>(pool.num_threads() - 1, 0); }
-
-ffi::Error LinearNk(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
+ffi::Error LinearNk(ffi::AnyBuffer x, ffi::AnyBuffer w,
                     ffi::Result<ffi::AnyBuffer> y) {
   int64_t m_rows, k_dim, n_dim;
   if (auto e = CheckShapes(x, w, &m_rows, &k_dim, &n_dim, true); e.failure()) return e;
   const float* xp = x.typed_data<float>();
   const float* wp = w.typed_data<float>();
   float* yp = y->typed_data<float>();
-  const int64_t helpers = Helpers(pool);
+  const int64_t helpers = specjax::SpinPool::Get().threads() - 1;
   int64_t rows = (n_dim + 8 * (helpers + 1) - 1) / (8 * (helpers + 1));
   rows = std::max<int64_t>(16, (rows + 3) / 4 * 4);
   const int64_t chunks = (n_dim + rows - 1) / rows;
-  Parallel(pool, chunks, helpers, [=](int64_t c) {
+  specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
     NkChunk(xp, wp, yp, m_rows, k_dim, n_dim, c * rows, std::min(n_dim, (c + 1) * rows));
   });
   return ffi::Error::Success();
@@ -159,7 +116,6 @@ ffi::Error LinearNk(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_linear_nk, LinearNk,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());

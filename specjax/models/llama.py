@@ -18,6 +18,10 @@ Parameter tree (weights stored (in, out), so that a layer is `x @ w`):
      'final_norm': [D],
      'lm_head': [D, V]}            # only when embeddings are not tied
 
+Any matrix may instead be a `quant.BlockWeight` standing for that array (GGUF q4_1 or
+q8_0 blocks; models/quant.py): the products go through `quant.dense`, the embedding
+lookup through `quant.take`.
+
 Q and K rows are in Hugging Face order (half-split "rotate_half" RoPE).
 Dimension letters: B batch, T new tokens, S cache slots, V vocabulary, D model
 width, F hidden width, N query heads, G kv heads, R = N // G, H head dim.
@@ -32,9 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import kernels
 from specjax.core import contract
+from specjax.models import quant
 from specjax.models.kv_cache import KVCache
+from specjax.models.quant import dense
 
 Params = dict[str, Any]
 
@@ -143,7 +148,7 @@ def check_params(cfg: LlamaConfig, params: Params, source: str = 'params') -> No
     )
   if len(params['layers']) != cfg.n_layers:
     raise ValueError(f'{source}: {len(params["layers"])} layers, config says {cfg.n_layers}')
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=quant.is_block)[0]
   want = dict(
     jax.tree_util.tree_flatten_with_path(expected, is_leaf=lambda x: isinstance(x, tuple))[0]
   )
@@ -269,12 +274,12 @@ def layer(
   b, t, _ = x.shape
   n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
-  q = apply_rope((y @ p['wq']).reshape(b, t, n, h), cos, sin)
-  k = apply_rope((y @ p['wk']).reshape(b, t, g, h), cos, sin)
-  v = (y @ p['wv']).reshape(b, t, g, h)
-  x = x + attend(q, k, v).reshape(b, t, n * h) @ p['wo']
+  q = apply_rope(dense(y, p['wq']).reshape(b, t, n, h), cos, sin)
+  k = apply_rope(dense(y, p['wk']).reshape(b, t, g, h), cos, sin)
+  v = dense(y, p['wv']).reshape(b, t, g, h)
+  x = x + dense(attend(q, k, v).reshape(b, t, n * h), p['wo'])
   y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
-  return x + (jax.nn.silu(y @ p['w_gate']) * (y @ p['w_up'])) @ p['w_down']
+  return x + dense(jax.nn.silu(dense(y, p['w_gate'])) * dense(y, p['w_up']), p['w_down'])
 
 
 def _decoder(
@@ -294,7 +299,7 @@ def _decoder(
   the final norm; Hugging Face's hidden_states[i]), concatenated to [B, T, len(capture) * D].
   """
   cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_base)
-  x = jnp.take(params['embed'], tokens, axis=0)  # [B, T, D]
+  x = quant.take(params['embed'], tokens)  # [B, T, D]
   taken = {}
   for i in range(cfg.n_layers) if layers is None else layers:
     if i in capture:
@@ -430,9 +435,9 @@ def logits_from_hidden(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Ar
   2-token verification forward; specjax/kernels/cpu.py).
   """
   if cfg.tie_embeddings:
-    logits = kernels.rows_product(x, params['embed'])
+    logits = quant.dense_rows(x, params['embed'])
   else:
-    logits = x @ params['lm_head']
+    logits = dense(x, params['lm_head'])
   return logits.astype(jnp.float32)
 
 

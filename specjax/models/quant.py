@@ -1,0 +1,197 @@
+"""Block-quantized weights (GGUF's q4_1 and q8_0) that the model functions run directly.
+
+A `BlockWeight` keeps a matrix as llama.cpp stores it: rows of blocks of 32 values along
+the contracting dimension, each block with a float32 scale `d` (and an offset `m` for
+q4_1). Read from a GGUF file (`checkpoints.gguf.load_gguf_blocks`) it holds exactly the
+file's weights: SmolLM2-135M-Instruct's file is q4_1 (linear layers) and q8_0
+(embeddings), so its float32 parameter tree is these blocks expanded (538 MB; the
+blocks are 103 MB). `quantize_params` rounds any float32 tree to q8_0 instead.
+
+The Llama functions multiply through `dense` (x @ w, w a tree-layout (in, out) weight),
+`dense_rows` (x @ w.T, w [rows, in], a tied embedding head) and `take` (embedding
+rows). For arrays these are the usual jnp operations. For a BlockWeight on XLA:CPU, with
+at most `MAX_BLOCK_ROWS` rows of x, they run specjax/kernels/cpu_blocks.cc, which also
+rounds x to 8 bits per block (as llama.cpp does for these formats): a model in blocks
+is then a cheap approximation of its float32 self, for use as a draft
+(drafters/model.py: `quantized`). Elsewhere (other backends, long prefills) the
+weights are expanded and multiplied in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.kernels import cpu as cpu_kernels
+
+FORMATS = {'q4_1': 16, 'q8_0': 32}  # format -> bytes of q per block of 32 values
+BLOCK = 32
+
+
+@struct.dataclass
+class BlockWeight:
+  """A [rows, K] matrix in blocks of 32 along K (K % 32 == 0).
+
+  qs: uint8 [rows, K/32, 16] for q4_1 (low nibble: value j, high nibble: value j + 16)
+    or [rows, K/32, 32] for q8_0 (the int8 value + 128, so every byte is unsigned for
+    the kernel's integer dots); d, m: float32
+    [rows, K/32] (m is zero for q8_0). `transposed`: the parameter tree's array is the
+    transpose (K, rows), as for a layer weight stored (in, out); False for an embedding.
+  """
+
+  qs: jax.Array
+  d: jax.Array
+  m: jax.Array
+  fmt: str = struct.field(pytree_node=False)
+  transposed: bool = struct.field(pytree_node=False, default=True)
+
+  @property
+  def rows_shape(self) -> tuple[int, int]:
+    return (int(self.qs.shape[0]), int(self.qs.shape[1]) * BLOCK)
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    """The shape of the array it stands for in the parameter tree."""
+    r, k = self.rows_shape
+    return (k, r) if self.transposed else (r, k)
+
+  @property
+  def dtype(self):
+    return jnp.float32
+
+  @property
+  def nbytes(self) -> int:
+    return sum(
+      int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in (self.qs, self.d, self.m)
+    )
+
+  def expand_rows(self, rows: jax.Array | None = None) -> jax.Array:
+    """float32 [rows, K] (or the selected rows [..., K]): d * q + m, block by block."""
+    qs, d, m = (self.qs, self.d, self.m) if rows is None else (
+      jnp.take(self.qs, rows, 0), jnp.take(self.d, rows, 0), jnp.take(self.m, rows, 0))  # fmt: skip
+    if self.fmt == 'q4_1':
+      q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
+    else:
+      q = qs.astype(jnp.float32) - 128.0
+    w = q * d[..., None] + m[..., None]
+    return w.reshape(*w.shape[:-2], -1)
+
+  def expand(self) -> jax.Array:
+    """The float32 array it stands for in the parameter tree."""
+    w = self.expand_rows()
+    return w.T if self.transposed else w
+
+
+def is_block(x: Any) -> bool:
+  return isinstance(x, BlockWeight)
+
+
+def kernel_applies(x: jax.Array) -> bool:
+  """Whether a product of x with a BlockWeight runs the 8-bit kernel (trace-time decision)."""
+  rows = int(np.prod(x.shape[:-1]))
+  return (
+    0 < rows <= cpu_kernels.MAX_BLOCK_ROWS
+    and jax.default_backend() == 'cpu'
+    and x.dtype == jnp.float32
+    and cpu_kernels.load()
+  )
+
+
+def _rows_product(x: jax.Array, w: BlockWeight) -> jax.Array:
+  """x[..., K] @ rows[N, K].T."""
+  if kernel_applies(x):
+    call = jax.ffi.ffi_call(
+      cpu_kernels.BLOCK_TARGETS[w.fmt],
+      jax.ShapeDtypeStruct((*x.shape[:-1], w.qs.shape[0]), jnp.float32),
+      vmap_method='sequential',
+    )
+    return call(x, w.qs, w.d, w.m)
+  return jnp.einsum('...K,NK->...N', x.astype(jnp.float32), w.expand_rows())
+
+
+def dense(x: jax.Array, w: Any) -> jax.Array:
+  """x @ w for a parameter-tree weight w[in, out] (an array or a transposed BlockWeight)."""
+  if is_block(w):
+    if not w.transposed:
+      raise ValueError('dense() needs an (in, out) weight; dense_rows() takes an embedding')
+    return _rows_product(x, w)
+  return x @ w
+
+
+def dense_rows(x: jax.Array, w: Any) -> jax.Array:
+  """x @ w.T for a [rows, in] matrix w, such as a tied embedding head (float32 result)."""
+  if is_block(w):
+    if w.transposed:
+      raise ValueError('dense_rows() needs a [rows, in] matrix; dense() takes a layer weight')
+    return _rows_product(x, w)
+  return cpu_kernels.rows_product(x, w)
+
+
+def take(w: Any, ids: jax.Array) -> jax.Array:
+  """Rows `ids` of an embedding w[V, D] (an array or a BlockWeight)."""
+  if is_block(w):
+    return w.expand_rows(ids)
+  return jnp.take(w, ids, axis=0)
+
+
+def from_gguf(
+  data: np.ndarray, fmt: str, k: int, transposed: bool, row_order: np.ndarray | None = None
+) -> BlockWeight:
+  """A BlockWeight from a GGUF tensor's bytes (uint8 [rows, bytes per row]), rows reordered
+  by `row_order` (llama.cpp's Q/K permutation undone) when given."""
+  if fmt not in FORMATS:
+    raise ValueError(f'block format {fmt!r} is not one of {sorted(FORMATS)}')
+  if k % BLOCK:
+    raise ValueError(f'a {fmt} tensor needs K % 32 == 0, got K = {k}')
+  header = 4 if fmt == 'q4_1' else 2
+  blocks = np.ascontiguousarray(data).reshape(data.shape[0], k // BLOCK, header + FORMATS[fmt])
+  if row_order is not None:
+    blocks = blocks[row_order]
+  d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+  if fmt == 'q4_1':
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = np.ascontiguousarray(blocks[..., header:])
+  else:
+    m = np.zeros_like(d)
+    qs = np.ascontiguousarray(blocks[..., header:]) ^ np.uint8(0x80)  # int8 bytes -> q + 128
+  return BlockWeight(qs=qs, d=d, m=m, fmt=fmt, transposed=transposed)
+
+
+def quantize_q8_0(w: Any, transposed: bool = True) -> BlockWeight:
+  """Rounds a float matrix in tree layout ((in, out) when `transposed`, else [rows, in])
+  to q8_0: blocks of 32 along the contracting dimension, d = max |w| / 127 (float16)."""
+  rows = np.asarray(w, np.float32)
+  rows = rows.T if transposed else rows
+  n, k = rows.shape
+  if k % BLOCK:
+    raise ValueError(f'q8_0 needs the contracting dimension to be a multiple of 32, got {k}')
+  blocks = rows.reshape(n, k // BLOCK, BLOCK)
+  d = (np.abs(blocks).max(-1) / 127.0).astype(np.float16).astype(np.float32)
+  safe = np.where(d > 0, d, 1.0)[..., None]
+  qs = (np.clip(np.round(blocks / safe), -127, 127) + 128).astype(np.uint8)
+  return BlockWeight(qs=qs, d=d, m=np.zeros_like(d), fmt='q8_0', transposed=transposed)
+
+
+def quantize_params(params: dict) -> dict:
+  """A Llama parameter tree with every matrix rounded to q8_0 (norms stay float32)."""
+  out = {k: v for k, v in params.items() if k not in ('layers', 'embed', 'lm_head')}
+  out['embed'] = quantize_q8_0(params['embed'], transposed=False)
+  if 'lm_head' in params:
+    out['lm_head'] = quantize_q8_0(params['lm_head'], transposed=True)
+  out['layers'] = [
+    {k: quantize_q8_0(v) if np.ndim(v) == 2 else v for k, v in layer.items()}
+    for layer in params['layers']
+  ]
+  return out
+
+
+def nbytes(params) -> int:
+  """Bytes of a parameter tree, BlockWeights counted as stored."""
+  leaves = jax.tree_util.tree_leaves(params, is_leaf=is_block)
+  return sum(
+    x.nbytes if is_block(x) else int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves
+  )
