@@ -76,3 +76,30 @@ def test_the_shipped_eagle_head_is_lossless_and_accepted(smollm2):
   # accepted / drafted at gamma 3: 0.18 measured on these prompts (an untrained head: ~0)
   assert out.acceptance_rate > 0.12, out.acceptance_rate
   assert max(max(a) for a in out.accepted) == 3
+
+
+def test_the_quantized_self_draft_is_lossless_and_accepted(smollm2):
+  """The target in its GGUF file's own q4_1 blocks with 8-bit products, drafting for its
+  float32 self: greedy identity on the same 20 prompts, and most drafts accepted."""
+  drafter, draft_params = registry.build_draft('quantized', smollm2)
+  engine = Engine(
+    smollm2.params,
+    smollm2.cfg,
+    eos_id=smollm2.tokenizer.eos_id,
+    cache_size=1024,
+    drafter=drafter,
+    draft_params=draft_params,
+  )
+  texts = [p.text for p in prompts_lib.load_prompts('mtbench')[::8]] + [
+    p.text for p in prompts_lib.load_prompts('humaneval', 10)
+  ]
+  prompts = [smollm2.tokenizer.encode_chat(t) for t in texts]
+  reference = engine.generate(prompts, NEW_TOKENS).tokens
+  out = engine.generate(prompts, NEW_TOKENS, gamma=4, verifier='greedy')
+  mismatches = sum(ours != ref for ours, ref in zip(out.tokens, reference))
+  near_ties = metrics.count_near_ties(
+    engine, prompts, [{'tokens': t} for t in out.tokens], [{'tokens': t} for t in reference]
+  )
+  assert mismatches == near_ties
+  print(f'quantized draft: acceptance {out.acceptance_rate:.2f}')
+  assert out.acceptance_rate > 0.6, out.acceptance_rate  # ~0.88 on HumanEval at gamma 4

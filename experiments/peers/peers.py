@@ -9,7 +9,8 @@ float32 GGUF made from that file with its llama-quantize, and its Q4_1 rows read
 original file), with each machine core as one thread, on the same chat-rendered prompts
 (by default the last 4 of specjax's 20 code-editing prompts, where prompt lookup pays):
 
-  specjax         greedy; prompt lookup (--specjax_lookup, default ngram:3-8 at gamma 12)
+  specjax         greedy; prompt lookup (ngram:3-8 at gamma 12); the quantized self-draft
+                  (the target's q4_1 blocks with 8-bit products, gamma 4)
   llama.cpp       llama-completion, float32 weights, float32 and float16 KV cache;
                   llama-lookup (prompt lookup) with each cache; llama-completion on Q4_1
   transformers    greedy; prompt lookup (prompt_lookup_num_tokens=10); assisted generation
@@ -48,8 +49,11 @@ flags.DEFINE_string('prompts', 'code_edit', 'Prompt set (specjax/data/prompts.py
 flags.DEFINE_integer('last', 4, 'Use the last N prompts of the set (0: all).')
 flags.DEFINE_integer('max_new', 256, 'Most new tokens per prompt (EOS ends a row earlier).')
 flags.DEFINE_integer('rounds', 3, 'Runs of every prompt per engine; medians are reported.')
-flags.DEFINE_string('specjax_lookup', 'ngram:3-8', 'specjax prompt-lookup draft spec.')
-flags.DEFINE_integer('specjax_gamma', 12, 'Draft length of specjax prompt lookup.')
+flags.DEFINE_list(
+  'specjax_drafts',
+  ['ngram:3-8@12', 'quantized@4'],
+  'specjax drafts as SPEC@GAMMA: prompt lookup, and the target in its q4_1 blocks.',
+)
 flags.DEFINE_integer('llama_draft_max', 16, 'llama-lookup --spec-draft-n-max (its default).')
 flags.DEFINE_string('llama_cpp', str(PEERS / 'llama.cpp/build/bin'), 'llama.cpp binaries.')
 flags.DEFINE_bool('skip_llama_cpp', False, 'Leave out llama.cpp.')
@@ -70,20 +74,21 @@ def _summary(runs: list[dict]) -> dict:
 
 
 def specjax_runs(target, prompt_ids, texts_out):
-  drafter, draft_params = registry.build_draft(FLAGS.specjax_lookup, target)
-  engine = Engine(
-    target.params,
-    target.cfg,
-    eos_id=target.tokenizer.eos_id,
-    cache_size=1024,
-    drafter=drafter,
-    draft_params=draft_params,
-  )
   result = {}
-  for name, gamma in (
-    ('greedy', 0),
-    (f'prompt lookup ({drafter.name}, gamma {FLAGS.specjax_gamma})', FLAGS.specjax_gamma),
-  ):
+  methods = [('greedy', None, 0)] + [
+    (spec, spec, int(g)) for spec, g in (d.rsplit('@', 1) for d in FLAGS.specjax_drafts)
+  ]
+  for label, spec, gamma in methods:
+    drafter, draft_params = registry.build_draft(spec, target) if spec else (None, None)
+    engine = Engine(
+      target.params,
+      target.cfg,
+      eos_id=target.tokenizer.eos_id,
+      cache_size=1024,
+      drafter=drafter,
+      draft_params=draft_params,
+    )
+    name = label if not spec else f'{drafter.name}, gamma {gamma}'
     for p in prompt_ids:
       engine.generate([p], FLAGS.max_new, gamma=gamma)  # compiles this shape
     rounds = []
@@ -101,6 +106,7 @@ def specjax_runs(target, prompt_ids, texts_out):
       rounds.append(tot | {'texts': texts})
     texts_out[f'specjax {name}'] = rounds[0]['texts']
     result[f'specjax {name}'] = _figures(rounds, len(prompt_ids))
+    print(f'specjax {name}: {result[f"specjax {name}"]["decode_tok_s"]:.1f} tok/s', flush=True)
   return result
 
 

@@ -1,0 +1,123 @@
+"""Block-quantized weights (models/quant.py), their 8-bit kernel, and the quantized self-draft."""
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import registry
+from specjax.decode.engine import Engine
+from specjax.drafters import model as model_drafters
+from specjax.models import llama, quant
+
+CFG = llama.LlamaConfig(
+  vocab_size=300, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96
+)
+
+
+@pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
+def test_blocks_expand_to_what_gguf_dequantises(fmt):
+  """from_gguf reads llama.cpp's own bytes; expanding them equals gguf's dequantize."""
+  kind = gguf.GGMLQuantizationType[fmt.upper()]
+  w = np.random.default_rng(0).normal(size=(12, 96)).astype(np.float32)
+  data = gguf.quants.quantize(w, kind)  # uint8 [12, bytes per row]
+  want = gguf.quants.dequantize(data, kind)
+  order = np.array([3, 0, 1, 2, 7, 4, 5, 6, 11, 8, 9, 10])
+  got = quant.from_gguf(data, fmt, 96, transposed=False, row_order=order)
+  np.testing.assert_array_equal(np.asarray(got.expand_rows()), want[order])
+  assert got.shape == (12, 96) and quant.from_gguf(data, fmt, 96, transposed=True).shape == (96, 12)
+
+
+def _reference(x, w: quant.BlockWeight):
+  """The kernel's arithmetic in numpy: x rounded per block of 32 to int8 (half to even),
+  exact integer block dots, float32 scales; the q4_1 offsets times the exact block sums."""
+  x = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+  blocks = x.reshape(x.shape[0], -1, 32)
+  dx = np.abs(blocks).max(-1) / 127
+  qx = np.round(blocks / np.where(dx > 0, dx, 1)[..., None])
+  q = np.asarray(w.expand_rows(), np.float64).reshape(w.qs.shape[0], -1, 32)
+  q = (q - np.asarray(w.m)[..., None]) / np.where(np.asarray(w.d) > 0, w.d, 1)[..., None]
+  dots = np.einsum('mbj,nbj->mnb', qx, np.round(q))
+  y = np.einsum('mnb,nb,mb->mn', dots, np.asarray(w.d, np.float64), dx)
+  return y + np.einsum('nb,mb->mn', np.asarray(w.m, np.float64), blocks.sum(-1))
+
+
+@pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
+@pytest.mark.parametrize('rows', [1, 3, 4, 9])
+def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows):
+  rng = np.random.default_rng(rows)
+  w = rng.normal(size=(38, 96)).astype(np.float32)  # 38 rows: tiles of 4 and a tail of 2
+  if fmt == 'q8_0':
+    bw = quant.quantize_q8_0(w, transposed=False)
+  else:
+    bw = quant.from_gguf(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1), fmt, 96, False)
+  x = jnp.asarray(rng.normal(size=(rows, 96)).astype(np.float32))
+  assert quant.kernel_applies(x)
+  got = np.asarray(jax.jit(quant.dense_rows)(x, jax.device_put(bw)))
+  np.testing.assert_allclose(got, _reference(x, bw), rtol=1e-5, atol=1e-4)
+  # ... and within the activations' rounding of the float32 product.
+  exact = np.asarray(x) @ np.asarray(bw.expand_rows()).T
+  assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
+
+
+def test_without_the_kernel_weights_are_expanded_exactly(monkeypatch):
+  bw = quant.quantize_q8_0(np.random.default_rng(1).normal(size=(64, 40)).astype(np.float32))
+  monkeypatch.setattr(quant, 'kernel_applies', lambda x: False)
+  x = jnp.ones((2, 64))
+  np.testing.assert_allclose(quant.dense(x, bw), np.asarray(x) @ np.asarray(bw.expand()), rtol=1e-6)
+  with pytest.raises(ValueError, match='dense_rows'):
+    quant.dense(x, quant.quantize_q8_0(np.ones((40, 64), np.float32), transposed=False))
+
+
+def test_q8_0_rounding_is_close_and_the_tree_checks():
+  params = llama.init_params(CFG, jax.random.PRNGKey(0), scale=0.2)
+  q = quant.quantize_params(params)
+  CFG.family.check_params(CFG, q)  # BlockWeights stand for arrays of the same shapes
+  for got, want in zip(
+    jax.tree_util.tree_leaves(q, is_leaf=quant.is_block), jax.tree_util.tree_leaves(params)
+  ):
+    got = got.expand() if quant.is_block(got) else got
+    np.testing.assert_allclose(got, want, atol=float(np.abs(want).max()) / 200)
+  assert quant.nbytes(q) < quant.nbytes(params) / 2.5
+
+
+class _Tiny:
+  """A LoadedModel-like tiny target (no GGUF source: the draft rounds to q8_0)."""
+
+  cfg = CFG
+  params = jax.tree_util.tree_map(
+    np.asarray, llama.init_params(CFG, jax.random.PRNGKey(2), scale=0.3)
+  )
+  source = 'tiny'
+
+
+@pytest.mark.parametrize('gamma', [1, 3])
+def test_the_quantized_draft_keeps_greedy_output_and_is_accepted(gamma):
+  drafter, draft_params = registry.build_draft('quantized', _Tiny)
+  assert isinstance(drafter, model_drafters.QuantizedDrafter) and 'q8_0' in drafter.name
+  engine = Engine(
+    _Tiny.params, CFG, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params
+  )
+  prompts = [[5, 17, 99, 3], [7, 8, 9, 10, 11, 12, 13]]  # ragged
+  reference = engine.generate(prompts, 20).tokens
+  out = engine.generate(prompts, 20, gamma=gamma, verifier='greedy')
+  assert out.tokens == reference
+  assert out.acceptance_rate > 0.5  # the same model, rounded
+
+
+def test_bad_quantized_specs_are_named():
+  with pytest.raises(ValueError, match='quantized:q8_0'):
+    registry.build_draft('quantized:q5_k', _Tiny)
+
+
+@pytest.mark.slow
+def test_the_real_quantized_draft_holds_the_files_weights_exactly(smollm2):
+  params, stored = model_drafters.quantized_params(smollm2)
+  assert stored == ['q4_1', 'q8_0']
+  blocks = jax.tree_util.tree_leaves_with_path(params, is_leaf=quant.is_block)
+  full = dict(jax.tree_util.tree_leaves_with_path(smollm2.params))
+  assert sum(quant.is_block(w) for _, w in blocks) == 1 + 7 * smollm2.cfg.n_layers
+  for path, w in blocks:
+    want = full[path]
+    np.testing.assert_array_equal(np.asarray(w.expand()) if quant.is_block(w) else w, want)
