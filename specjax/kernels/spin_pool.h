@@ -66,7 +66,7 @@ class SpinPool {
   }
 
  private:
-  static constexpr int64_t kSpinMicros = 300;
+  static constexpr int64_t kSpinMicros = 300;  // SPECJAX_KERNEL_SPIN_US overrides
 
   struct Job {
     std::function<void(int64_t)> body;
@@ -78,6 +78,7 @@ class SpinPool {
   SpinPool() {
     int total = static_cast<int>(std::thread::hardware_concurrency());
     if (const char* env = std::getenv("SPECJAX_KERNEL_THREADS")) total = std::atoi(env);
+    if (const char* env = std::getenv("SPECJAX_KERNEL_SPIN_US")) spin_micros_ = std::atoi(env);
     for (int i = 1; i < std::max(total, 1); ++i) {
       workers_.emplace_back([this] { Work(); });
       workers_.back().detach();
@@ -101,7 +102,7 @@ class SpinPool {
       while (generation_.load(std::memory_order_acquire) == seen) {
         SPECJAX_PAUSE();
         if (++spins % 256 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_micros_)) {
           std::unique_lock<std::mutex> lock(mu_);
           wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
           break;
@@ -117,6 +118,7 @@ class SpinPool {
     }
   }
 
+  int64_t spin_micros_ = kSpinMicros;
   std::vector<std::thread> workers_;
   std::mutex busy_;  // held by the caller whose job is on the pool
   std::mutex mu_;    // guards job_ and the sleep
