@@ -12,7 +12,10 @@ tokens against a cache of --cache_size slots holding --length tokens (batch 1, f
     products by matrix, attention, the output head, elementwise fusions, cache writes),
     for T = 1 and T = 5, with how many ops of each kind a step runs;
   * process CPU time / wall time (how many of the cores the step keeps busy);
-  * what XLA's cost analysis says a step reads, and the resulting bandwidth.
+  * what XLA's cost analysis says a step reads, and the resulting bandwidth;
+  * this machine's read bandwidth over a buffer as large as the weights: XLA's own
+    reduction (jnp.sum) and specjax's streaming kernel (kernels.cpu.stream_sum: every
+    thread, prefetching, as the product kernels read weights); the best of 9 each.
 
 Writes results.json (with provenance) and profile.md (the tables BENCHMARKS.md quotes).
 """
@@ -35,6 +38,7 @@ from absl import app, flags
 
 from specjax.bench import provenance
 from specjax.checkpoints import loader
+from specjax.kernels import cpu as cpu_kernels
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
@@ -140,6 +144,25 @@ def _op_profile(fn, params, tokens, cache, calls: int = 10):
   )
 
 
+def read_bandwidth(nbytes: int, repeats: int = 9) -> dict[str, float]:
+  """Best-of-`repeats` read bandwidth (GB/s) of a float32 buffer of `nbytes`."""
+  x = jnp.ones((nbytes // 4,), jnp.float32)
+  probes = {
+    'XLA reduction (jnp.sum)': jax.jit(jnp.sum),
+    'specjax stream kernel': jax.jit(cpu_kernels.stream_sum),
+  }
+  best = {}
+  for name, fn in probes.items():
+    fn(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      fn(x).block_until_ready()
+      times.append(time.perf_counter() - t0)
+    best[name] = nbytes / min(times) / 1e9
+  return best
+
+
 def main(argv):
   del argv
   out = pathlib.Path(FLAGS.out)
@@ -183,8 +206,10 @@ def main(argv):
       ops[t], caches['full step', t], read[t] = _op_profile(
         fns['full step'], params, jnp.ones((1, t), jnp.int32), caches['full step', t]
       )
+  bandwidth = read_bandwidth(weight_bytes)
   results = {
     'provenance': provenance.provenance(),
+    'read_bandwidth_gbs': bandwidth,
     'cache_size': FLAGS.cache_size,
     'length': FLAGS.length,
     'rounds': FLAGS.rounds,

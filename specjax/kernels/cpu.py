@@ -80,7 +80,7 @@ def load() -> bool:
       return False
     try:
       library = ctypes.cdll.LoadLibrary(str(_compile()))
-      for target in (_TARGET, *BLOCK_TARGETS.values()):
+      for target in (_TARGET, 'specjax_stream_sum', *BLOCK_TARGETS.values()):
         jax.ffi.register_ffi_target(
           target, jax.ffi.pycapsule(getattr(library, target)), platform='cpu'
         )
@@ -137,3 +137,12 @@ _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 def rows_product(x: jax.Array, w: jax.Array) -> jax.Array:
   """x[..., K] @ w[N, K].T, on the kernel where it is faster (see the module docstring)."""
   return _kernel(x, w) if applicable(x, w) else _xla(x, w)
+
+
+def stream_sum(x: jax.Array) -> jax.Array:
+  """sum(x) of a float32 array, read once by every kernel thread: the memory-bandwidth
+  probe of experiments/step_profile (XLA's own reduction for comparison: jnp.sum)."""
+  if not (jax.default_backend() == 'cpu' and x.dtype == jnp.float32 and load()):
+    return jnp.sum(x, keepdims=True).reshape(1)
+  call = jax.ffi.ffi_call('specjax_stream_sum', jax.ShapeDtypeStruct((1,), jnp.float32))
+  return call(x.reshape(-1))

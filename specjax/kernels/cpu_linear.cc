@@ -107,12 +107,52 @@ ffi::Error LinearNk(ffi::AnyBuffer x, ffi::AnyBuffer w,
   const int64_t chunks = (n_dim + rows - 1) / rows;
   specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
     NkChunk(xp, wp, yp, m_rows, k_dim, n_dim, c * rows, std::min(n_dim, (c + 1) * rows));
-  });
+  }, /*linger=*/false);
   return ffi::Error::Success();
 }
 
 
+// The memory roofline probe: the sum of x[N] in float32, read once by every thread of the
+// pool in 64 KiB chunks (with prefetch, as the product kernels read weights). y[0] = sum.
+ffi::Error StreamSum(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  const int64_t n = x.element_count();
+  const float* xp = x.typed_data<float>();
+  constexpr int64_t kChunk = 16384;  // floats: 64 KiB
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::unique_ptr<float[]> partial(new float[chunks]);
+  float* pp = partial.get();
+  specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    int64_t i = lo;
+    float total = 0.f;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (; i + 64 <= hi; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1024), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1040), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1056), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1072), _MM_HINT_T0);
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xp + i));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xp + i + 16));
+      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(xp + i + 32));
+      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(xp + i + 48));
+    }
+    total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#endif
+    for (; i < hi; ++i) total += xp[i];
+    pp[c] = total;
+  }, /*linger=*/false);
+  float total = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) total += pp[c];
+  y->typed_data<float>()[0] = total;
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_stream_sum, StreamSum,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_linear_nk, LinearNk,
                               ffi::Ffi::Bind()

@@ -45,8 +45,11 @@ class SpinPool {
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // body(c) for every c in [0, chunks), on the caller and the workers.
-  void Run(int64_t chunks, std::function<void(int64_t)> body) {
+  // body(c) for every c in [0, chunks), on the caller and the workers. `linger`: the
+  // workers spin afterwards, expecting another job soon (a step's many small products);
+  // false for a lone large product, after which they sleep at once and leave the cores
+  // to XLA.
+  void Run(int64_t chunks, std::function<void(int64_t)> body, bool linger = true) {
     if (chunks <= 1 || workers_.empty() || !busy_.try_lock()) {
       for (int64_t c = 0; c < chunks; ++c) body(c);
       return;
@@ -54,6 +57,7 @@ class SpinPool {
     auto job = std::make_shared<Job>();
     job->body = std::move(body);
     job->chunks = chunks;
+    job->linger = linger;
     {
       std::lock_guard<std::mutex> lock(mu_);
       job_ = job;
@@ -73,6 +77,7 @@ class SpinPool {
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
     int64_t chunks = 0;
+    bool linger = true;
   };
 
   SpinPool() {
@@ -96,13 +101,14 @@ class SpinPool {
 
   void Work() {
     uint64_t seen = generation_.load(std::memory_order_acquire);
+    bool linger = false;
     for (;;) {
       auto start = std::chrono::steady_clock::now();
+      const auto spin = std::chrono::microseconds(linger ? spin_micros_ : 0);
       int spins = 0;
       while (generation_.load(std::memory_order_acquire) == seen) {
         SPECJAX_PAUSE();
-        if (++spins % 256 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_micros_)) {
+        if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > spin) {
           std::unique_lock<std::mutex> lock(mu_);
           wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
           break;
@@ -115,6 +121,7 @@ class SpinPool {
         seen = generation_.load(std::memory_order_acquire);
       }
       if (job) Drain(*job);
+      linger = job && job->linger;
     }
   }
 
