@@ -37,15 +37,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0
   c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
   # Speculative decoding with every draft below, compared with autoregressive decoding in
-  # the same run: prompt lookup ('ngram') and the EAGLE-3-style feature head trained for
+  # the same run: prompt lookup ('ngram'), the EAGLE-3-style feature head trained for
   # SmolLM2 that ships with specjax ('eagle': it drafts from the target's own hidden
-  # states; the tiny model uses its first layer, 'truncated:1'). Each draft runs at every
+  # states; the tiny model uses its first layer, 'truncated:1'), and the target itself in
+  # its GGUF file's q4_1 blocks with 8-bit products ('quantized': the best-paying draft on
+  # this CPU, at long drafts: --config.gammas='(4, 8)'). Each draft runs at every
   # gamma in `gammas`, and adaptively (gamma chosen every iteration among 0 and
   # `adaptive_gammas` from the measured costs and the acceptance seen so far).
   # More drafts: 'distilled' (the distilled draft model), 'truncated:K', 'layers:...'
   # (configs/layerskip_smollm2.py), 'eagle:DIR', a model path.
   # An empty tuple runs autoregressive decoding only.
-  c.drafts = ('ngram', 'truncated:1' if args.tiny else 'eagle')
+  c.drafts = ('ngram', 'truncated:1') if args.tiny else ('ngram', 'eagle', 'quantized')
   c.verifier = 'rejection'  # rejection, block, or greedy (temperature 0 only)
   # Fixed draft lengths, or --config.gammas='(1, 2, 4, 8)'; the feature head is best at 2.
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,) if args.tiny else (2, 4)
