@@ -134,10 +134,11 @@ _ANSI = re.compile(r'\x1b\[[0-9;]*m')
 
 
 def _llama(binary: str, model: pathlib.Path, prompt_file: pathlib.Path, extra: list[str]):
+  # --no-escape: the prompts' backslashes are code ('\\x3f'), not escape sequences.
   cmd = [
     str(pathlib.Path(FLAGS.llama_cpp) / binary),
     '-m', str(model), '-f', str(prompt_file), '-n', str(FLAGS.max_new),
-    '--temp', '0', '-t', str(THREADS), '-c', '2048', '--seed', '0', *extra,
+    '--temp', '0', '-t', str(THREADS), '-c', '2048', '--seed', '0', '--no-escape', *extra,
   ]  # fmt: skip
   if binary == 'llama-completion':
     cmd += ['-no-cnv', '--no-display-prompt']

@@ -240,6 +240,15 @@ def main(argv):
   lines.append(
     '| cores busy (CPU time / wall) | ' + ' | '.join(f'{busy[t]:.2f}' for t in ts) + ' |'
   )
+  roof = max(bandwidth.values())
+  moved = weight_bytes / ms['full step'][ts[0]] / 1e6
+  lines += [
+    '',
+    f'Read bandwidth over {weight_bytes / 1e6:.0f} MB (best of 9): '
+    + ', '.join(f'{k} {v:.1f} GB/s' for k, v in bandwidth.items())
+    + f'. The one-token step moves the weights at {moved:.1f} GB/s, {moved / roof:.2f} of the'
+    ' best probe.',
+  ]
   for t, table in ops.items():
     total = sum(v['ms'] for v in table.values())
     lines += [
