@@ -110,6 +110,18 @@ def test_bad_quantized_specs_are_named():
   with pytest.raises(ValueError, match='quantized:q8_0'):
     registry.build_draft('quantized:q5_k', _Tiny)
 
+  class Odd(_Tiny):  # d_model 48: not whole blocks of 32
+    cfg = llama.LlamaConfig(
+      vocab_size=50, d_model=48, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=24, ffn_dim=64
+    )
+    params = jax.tree_util.tree_map(np.asarray, llama.init_params(cfg, jax.random.PRNGKey(0)))
+    source = 'odd-model'
+
+  with pytest.raises(
+    ValueError, match='draft quantized: cannot quantize odd-model.*multiple of 32'
+  ):
+    registry.build_draft('quantized', Odd)
+
 
 @pytest.mark.slow
 def test_the_real_quantized_draft_holds_the_files_weights_exactly(smollm2):

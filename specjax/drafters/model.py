@@ -296,7 +296,10 @@ class QuantizedDrafter(ModelDrafter):
 
 
 def _build_quantized(fmt, target, dtype):
-  params, stored = quantized_params(target, fmt)
+  try:
+    params, stored = quantized_params(target, fmt)
+  except ValueError as e:
+    raise ValueError(f'draft quantized: cannot quantize {target.source}: {e}') from None
   leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: hasattr(x, 'fmt'))
   kinds = '/'.join(sorted({x.fmt for x in leaves if hasattr(x, 'fmt')}))
   origin = 'as stored in its GGUF file' if stored else 'rounded from float32'

@@ -40,7 +40,6 @@ namespace {
 constexpr int64_t kMaxRows = 64;
 constexpr int kBlock = 32;
 
-
 // x's rows as 8-bit blocks: qx [M, nb, 32], scale dx [M, nb], exact sums sx [M, nb].
 // For q8_0, sx instead holds -128 * dx * sum(qx), the bias correction per block.
 void QuantizeRows(const float* x, int64_t m_rows, int64_t nb, int8_t* qx, float* dx, float* sx,
