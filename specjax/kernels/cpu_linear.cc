@@ -77,8 +77,9 @@ void NkChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k
   }
 }
 
+// x[..., K] and w[N, K]: the rows of x, K and N, or an error.
 ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, int64_t* m_rows,
-                       int64_t* k_dim, int64_t* n_dim, bool nk) {
+                       int64_t* k_dim, int64_t* n_dim) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (xd.size() < 1 || wd.size() != 2)
@@ -86,8 +87,8 @@ ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, int64_t
   *k_dim = xd.back();
   *m_rows = 1;
   for (size_t i = 0; i + 1 < xd.size(); ++i) *m_rows *= xd[i];
-  *n_dim = nk ? wd[0] : wd[1];
-  if ((nk ? wd[1] : wd[0]) != *k_dim)
+  *n_dim = wd[0];
+  if (wd[1] != *k_dim)
     return ffi::Error::InvalidArgument("specjax linear: contracting dimensions differ");
   if (*m_rows > kMaxRows)
     return ffi::Error::InvalidArgument("specjax linear: too many rows for the kernel");
@@ -97,7 +98,7 @@ ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, int64_t
 ffi::Error LinearNk(ffi::AnyBuffer x, ffi::AnyBuffer w,
                     ffi::Result<ffi::AnyBuffer> y) {
   int64_t m_rows, k_dim, n_dim;
-  if (auto e = CheckShapes(x, w, &m_rows, &k_dim, &n_dim, true); e.failure()) return e;
+  if (auto e = CheckShapes(x, w, &m_rows, &k_dim, &n_dim); e.failure()) return e;
   const float* xp = x.typed_data<float>();
   const float* wp = w.typed_data<float>();
   float* yp = y->typed_data<float>();
