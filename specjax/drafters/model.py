@@ -263,15 +263,10 @@ def quantized_params(target, fmt: str = 'auto'):
   from specjax.checkpoints import gguf
   from specjax.models import quant
 
-  params = quant.quantize_params(target.params)
   stored = {}
   if fmt == 'auto' and str(target.source).endswith('.gguf'):
     stored = gguf.load_gguf_blocks(target.source, target.cfg)
-  for path, w in stored.items():
-    node = params
-    for key in path[:-1]:
-      node = node[key]
-    node[path[-1]] = w
+  params = quant.quantize_params(target.params, keep=stored)
   return params, sorted({w.fmt for w in stored.values()})
 
 

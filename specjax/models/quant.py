@@ -176,17 +176,23 @@ def quantize_q8_0(w: Any, transposed: bool = True) -> BlockWeight:
   return BlockWeight(qs=qs, d=d, m=np.zeros_like(d), fmt='q8_0', transposed=transposed)
 
 
-def quantize_params(params: dict) -> dict:
-  """A Llama parameter tree with every matrix rounded to q8_0 (norms stay float32)."""
-  out = {k: v for k, v in params.items() if k not in ('layers', 'embed', 'lm_head')}
-  out['embed'] = quantize_q8_0(params['embed'], transposed=False)
-  if 'lm_head' in params:
-    out['lm_head'] = quantize_q8_0(params['lm_head'], transposed=True)
-  out['layers'] = [
-    {k: quantize_q8_0(v) if np.ndim(v) == 2 else v for k, v in layer.items()}
-    for layer in params['layers']
-  ]
-  return out
+def quantize_params(params: dict, keep: dict | None = None) -> dict:
+  """A Llama parameter tree with every matrix rounded to q8_0 (norms stay float32).
+
+  `keep` ({tree path: BlockWeight}, e.g. from checkpoints.gguf.load_gguf_blocks) supplies
+  matrices as they are stored instead of rounding them.
+  """
+  keep = keep or {}
+
+  def convert(path, leaf):
+    key = tuple(getattr(k, 'key', getattr(k, 'idx', None)) for k in path)
+    if key in keep:
+      return keep[key]
+    if np.ndim(leaf) != 2:
+      return leaf
+    return quantize_q8_0(leaf, transposed=key != ('embed',))
+
+  return jax.tree_util.tree_map_with_path(convert, params)
 
 
 def nbytes(params) -> int:
