@@ -15,6 +15,11 @@ particular architecture by name:
   logits(params, hidden[..., D], cfg) -> float32 logits[..., V]
   init_cache(cfg, batch, cache_size, dtype) -> an empty cache (lengths 0)
   check_params(cfg, params, source) -> None       raises ValueError naming a bad tensor
+  forward_masked(params, tokens[B, T], cache, cfg, positions[B, T], slots[B, T],
+                 mask[B, T, S], layers=None, capture=()) -> (logits[B, T, V], cache)
+      token trees: tokens at RoPE `positions`, written at cache `slots`, attending to
+      the slots `mask` allows; the cache's lengths are left as they were
+  move_slots(cache, src[B, K], dst[B, K]) -> cache   copies slots (an accepted tree path)
 
 `tokens` are written at each row's own position (`cache.lengths`); the returned cache
 has every row's length advanced by T, and rolling a row back is lowering its length.
@@ -65,6 +70,8 @@ class Family:
   logits: Callable[..., Any]
   init_cache: Callable[..., Any]
   check_params: Callable[..., Any]
+  forward_masked: Callable[..., Any]
+  move_slots: Callable[..., Any]
 
 
 class Drafter(abc.ABC):
@@ -125,6 +132,22 @@ class Drafter(abc.ABC):
     """Takes the target's features[B, T, C * D] of positions start[B] + t (called after
     the verifier's commit, before `rollback`, only when `feature_layers` is non-empty)."""
     del features, start, state
+    return draft_state
+
+  def check_tree(self, spec) -> None:
+    """Raises ValueError unless this drafter can propose trees of `spec` (a TreeSpec)."""
+    raise ValueError(f'the {self.name} drafter cannot propose token trees')
+
+  def propose_tree(self, params, draft_state, state: DecodeState, key, spec, sampling):
+    """A tree draft (specjax.core.tree.TreeDraft) of spec.nodes nodes, and the draft state."""
+    raise NotImplementedError(f'{self.name} proposes no trees')
+
+  def accept_path(self, draft_state, draft, path: jax.Array, accepted: jax.Array):
+    """After a tree verification of `draft` (a TreeDraft): the accepted nodes path[B, D + 1]
+    (root first; accepted[B] draft tokens). Called before `rollback`; drafters that wrote
+    tree nodes into a cache of their own (draft.cache_slots) move the accepted ones into
+    place here."""
+    del draft, path, accepted
     return draft_state
 
   def has_proposals(self, draft_state) -> jax.Array:

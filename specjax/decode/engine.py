@@ -20,6 +20,7 @@ from specjax.control import adaptive as adaptive_lib
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.contract import Drafter
 from specjax.core.sampling import SamplingConfig
+from specjax.core.tree import TreeSpec
 from specjax.decode import loop
 from specjax.decode import prefill as prefill_lib
 from specjax.decode.loop import Method
@@ -163,8 +164,10 @@ class Engine:
     logits, _ = model.forward(self.params, jnp.asarray([list(context)]), cache, self.cfg)
     return np.asarray(logits[0, -1])
 
-  def prepare(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]):
-    """Validates and pads a batch.
+  def prepare(
+    self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], spare: int = 0
+  ):
+    """Validates and pads a batch (`spare`: extra cache slots a row needs, tree methods).
 
     Returns (tokens[B, P], lengths[B], max_new[B], out_len, cache_size): P is the prompt
     bucket, out_len the output buffer, and cache_size the slots this batch gets: the
@@ -181,15 +184,16 @@ class Engine:
         raise ValueError(f'prompt {i} is empty: it needs at least one token')
       if m < 1:
         raise ValueError(f'max_new_tokens must be >= 1, got {m} for prompt {i}')
-      if n + m > self.cache_size:
+      if n + m + spare > self.cache_size:
+        extra = f' and {spare} for the tree draft' if spare else ''
         raise ValueError(
-          f'prompt {i} has {n} tokens; with max_new_tokens={m} it needs {n + m} '
-          f'cache slots, but cache_size is {self.cache_size}'
+          f'prompt {i} has {n} tokens; with max_new_tokens={m}{extra} it needs '
+          f'{n + m + spare} cache slots, but cache_size is {self.cache_size}'
         )
       ids = np.asarray(p)
       if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
         raise ValueError(f'prompt {i} has token ids outside [0, {self.cfg.vocab_size})')
-    cache_size = bucket_for(int((lengths + max_new).max()), self.buckets)
+    cache_size = bucket_for(int((lengths + max_new).max()) + spare, self.buckets)
     width = min(bucket_for(int(lengths.max()), self.buckets), cache_size)
     tokens = np.full((len(prompts), width), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
@@ -208,13 +212,17 @@ class Engine:
     verifier: str = 'rejection',
     sampling: SamplingConfig = SamplingConfig(),
     adaptive: AdaptiveConfig | None = None,
+    tree: TreeSpec | None = None,
   ) -> Method:
     """Validates a (gamma, verifier) choice against this engine and the sampling.
 
     With `adaptive`, gamma is ignored: the method drafts up to max(adaptive.gammas).
+    With `tree` (a TreeSpec), gamma is the tree's depth.
     """
     if adaptive is not None:
       gamma = max(adaptive.gammas)
+    if tree is not None:
+      gamma = tree.max_depth
     if gamma and self.drafter is None:
       raise ValueError(f'gamma={gamma} needs a drafter, and this engine has none')
     if isinstance(gamma, int) and gamma + 1 >= self.cache_size:
@@ -230,7 +238,7 @@ class Engine:
     drafter = self.drafter if gamma else None
     if adaptive is not None:
       drafter = drafter.resyncing(adaptive.max_wait)
-    return Method(gamma=gamma, verifier=verifier, drafter=drafter, adaptive=adaptive)
+    return Method(gamma=gamma, verifier=verifier, drafter=drafter, adaptive=adaptive, tree=tree)
 
   def generate(
     self,
@@ -241,6 +249,7 @@ class Engine:
     gamma: int = 0,
     verifier: str = 'rejection',
     adaptive: AdaptiveConfig | None = None,
+    tree: TreeSpec | None = None,
   ) -> GenerationOutput:
     """Generates for a batch of token-id prompts (different lengths allowed).
 
@@ -249,14 +258,17 @@ class Engine:
     or greedy for greedy decoding). `adaptive` instead lets a controller choose the draft
     length every iteration among 0 and adaptive.gammas; its state carries over from one
     call to the next with the same settings, so it keeps learning across a workload
-    (`reset_control` forgets it).
+    (`reset_control` forgets it). `tree` (a specjax.core.tree.TreeSpec) drafts a token
+    tree every iteration instead of a chain and verifies it in one target forward; rows
+    then need tree.nodes spare cache slots.
 
     The first batch of a new shape (batch size, prompt bucket, output buffer, sampling)
     is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
     out of the prefill and decode timings.
     """
-    method = self.method(gamma, verifier, sampling, adaptive)
-    tokens, lengths, max_new, out_len, cache_size = self.prepare(prompts, max_new_tokens)
+    method = self.method(gamma, verifier, sampling, adaptive, tree)
+    spare = tree.nodes if tree is not None else 0
+    tokens, lengths, max_new, out_len, cache_size = self.prepare(prompts, max_new_tokens, spare)
     shape_key = (tokens.shape, out_len, cache_size, sampling, method)
     compile_seconds = 0.0
     if shape_key not in self._warm:

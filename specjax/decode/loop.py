@@ -33,8 +33,10 @@ import jax.numpy as jnp
 from specjax import registry
 from specjax.control import adaptive as adaptive_lib
 from specjax.core import sampling as sampling_lib
+from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter
 from specjax.core.state import DecodeState, commit
+from specjax.verify import tree as tree_verify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +51,23 @@ class Method:
   verifier: str = 'rejection'
   drafter: Drafter | None = None
   adaptive: adaptive_lib.AdaptiveConfig | None = None
+  tree: tree_lib.TreeSpec | None = None  # set: gamma is the tree's depth
 
   def __post_init__(self):
+    if self.tree is not None:
+      if self.gamma != self.tree.max_depth:
+        raise ValueError(
+          f'a tree method has gamma = the tree depth {self.tree.max_depth}, got {self.gamma}'
+        )
+      if self.adaptive is not None:
+        raise ValueError('adaptive control chooses among chains; give trees a fixed shape')
+      if self.verifier == 'block':
+        raise ValueError(
+          'block verification is proved for chains only: verify trees with rejection or greedy'
+        )
+      if self.drafter is None:
+        raise ValueError('a tree method needs a drafter')
+      self.drafter.check_tree(self.tree)
     if not isinstance(self.gamma, int) or self.gamma < 0:
       raise ValueError(f'gamma must be an integer >= 0 (0 = autoregressive), got {self.gamma!r}')
     if self.gamma > 0 and self.drafter is None:
@@ -141,19 +158,25 @@ def _lookup_step(
   """An iteration of a drafter that may find nothing to propose (`skip_when_empty`).
 
   Plain steps run in a loop of their own while no row of the batch has a proposal, then
-  one verification runs. Neither sits inside a branch, so both update the target cache in
-  place at the cost of an ordinary forward pass (a lax.cond between them needs the
-  read-only attention of the family's `forward_pending`, which costs ~8% more here).
-  Each plain step counts as one iteration, as before.
+  one verification (of a chain, or of a tree for tree methods) runs. Neither sits inside
+  a branch, so both update the target cache in place at the cost of an ordinary forward
+  pass (a lax.cond between them needs the read-only attention of the family's
+  `forward_pending`, which costs ~8% more here). Each plain step counts as one iteration.
   """
   drafter, target, max_gamma = method.drafter, params['target'], method.gamma
 
   def propose(s):
     key, sub = jax.random.split(s.key)
     k_draft, k_verify = jax.random.split(sub)
-    draft, q, draft_state = drafter.propose(
-      params['draft'], s.spec.draft, s, k_draft, max_gamma, sampling
-    )
+    if method.tree is not None:
+      draft, draft_state = drafter.propose_tree(
+        params['draft'], s.spec.draft, s, k_draft, method.tree, sampling
+      )
+      q = None
+    else:
+      draft, q, draft_state = drafter.propose(
+        params['draft'], s.spec.draft, s, k_draft, max_gamma, sampling
+      )
     return s.replace(key=key), (draft, q, draft_state, k_verify)
 
   def empty(carry):
@@ -181,6 +204,19 @@ def _lookup_step(
   state, (draft, q, draft_state, k_verify) = jax.lax.while_loop(empty, plain, propose(state))
   # If every row finished during the plain steps, this verification changes nothing and
   # is not counted.
+  if method.tree is not None:
+    return _tree_round(
+      params,
+      state,
+      draft,
+      draft_state,
+      k_verify,
+      cfg=cfg,
+      method=method,
+      sampling=sampling,
+      eos_id=eos_id,
+      counted=~jnp.all(state.done),
+    )
   logits, cache, feats = target_forward(
     target, jnp.concatenate([state.last_tokens[:, None], draft], 1), state.cache, cfg, method
   )
@@ -197,6 +233,57 @@ def _lookup_step(
     method=method,
     eos_id=eos_id,
     counted=~jnp.all(state.done),
+    features=feats,
+  )
+
+
+def _tree_round(
+  params, state, draft, draft_state, key, *, cfg, method: Method, sampling, eos_id, counted=True
+) -> DecodeState:
+  """Verifies a tree draft in one target forward and commits its accepted path.
+
+  The target runs over [last token, the N nodes] at slots lengths .. lengths + N, each
+  node at position lengths + its depth, attending to the context and its ancestors. The
+  accepted path's keys and values are then moved to contiguous slots (per row), the
+  rest left past the committed length, and the drafter told the path.
+  """
+  target, model = params['target'], cfg.family
+  b, n = draft.tokens.shape
+  anc = tree_lib.ancestors(draft.parents)
+  depth = tree_lib.depths(anc, draft.parents)
+  start = state.cache.lengths
+  tokens = jnp.concatenate([state.last_tokens[:, None], draft.tokens], axis=1)  # [B, N+1]
+  slots = start[:, None] + jnp.arange(n + 1, dtype=jnp.int32)
+  mask = tree_lib.tree_mask(anc, start, state.cache.cache_size)
+  capture = method.drafter.feature_layers
+  out = model.forward_masked(
+    target, tokens, state.cache, cfg, start[:, None] + depth, slots, mask, capture=capture
+  )
+  logits, cache = out[:2]
+  p = sampling_lib.probabilities(logits, sampling)
+  path, accepted, nxt = tree_verify.verify_tree(
+    p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.gamma
+  )
+  d = method.gamma
+  kept = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [B, D]
+  offsets = jnp.arange(d + 1)
+  new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(kept, ((0, 0), (0, 1))), nxt[:, None])
+  cache = model.move_slots(cache, start[:, None] + path, start[:, None] + offsets)
+  feats = None
+  if capture:
+    feats = jnp.take_along_axis(out[2], path[..., None], axis=1)  # the path's, in order
+  draft_state = method.drafter.accept_path(draft_state, draft, path, accepted)
+  drafted = jnp.sum(draft.parents >= 0, axis=1).astype(jnp.int32)
+  return _finish(
+    state,
+    new_tokens,
+    accepted,
+    drafted,
+    cache,
+    draft_state,
+    method=method,
+    eos_id=eos_id,
+    counted=counted,
     features=feats,
   )
 
@@ -274,6 +361,23 @@ def step(
   """One iteration for every row (done rows compute but do not change)."""
   if method.gamma and method.drafter.skip_when_empty and method.adaptive is None:
     return _lookup_step(params, state, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
+  if method.tree is not None:
+    key, sub = jax.random.split(state.key)
+    k_draft, k_verify = jax.random.split(sub)
+    draft, draft_state = method.drafter.propose_tree(
+      params['draft'], state.spec.draft, state, k_draft, method.tree, sampling
+    )
+    return _tree_round(
+      params,
+      state.replace(key=key),
+      draft,
+      draft_state,
+      k_verify,
+      cfg=cfg,
+      method=method,
+      sampling=sampling,
+      eos_id=eos_id,
+    )
   key, sub = jax.random.split(state.key)
   # Branching iterations leave the target cache read-only inside the branches and write
   # the new entries once after them: XLA would otherwise copy the whole cache.

@@ -340,16 +340,61 @@ def forward_hidden(
   t = tokens.shape[1]
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
   mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+  out = _forward_at(params, tokens, cache, cfg, positions, positions, mask, layers, capture)
+  cache = out[1].with_lengths(cache.lengths + t)
+  return (out[0], cache) if not capture else (out[0], cache, out[2])
+
+
+def _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capture):
+  """The decoder with tokens[B, T] at RoPE `positions`, their keys and values written at
+  cache `slots` [B, T] (past the end: dropped), attending to the slots mask[B, T, S]
+  allows after the write. Returns (hidden, cache with lengths unchanged[, features])."""
   new_k, new_v = list(cache.k), list(cache.v)
 
   def attend(i, q, k, v):
-    new_k[i] = _write(cache.k[i], k, positions)
-    new_v[i] = _write(cache.v[i], v, positions)
+    new_k[i] = _write(cache.k[i], k, slots)
+    new_v[i] = _write(cache.v[i], v, slots)
     return attention(q, new_k[i], new_v[i], mask)
 
   out = _decoder(params, tokens, positions, cfg, layers, attend, capture)
-  cache = KVCache(k=new_k, v=new_v, lengths=cache.lengths + t)
+  cache = KVCache(k=new_k, v=new_v, lengths=cache.lengths)
   return (out, cache) if not capture else (out[0], cache, out[1])
+
+
+def forward_masked(
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: LlamaConfig,
+  positions: jax.Array,
+  slots: jax.Array,
+  mask: jax.Array,
+  layers: tuple[int, ...] | None = None,
+  capture: tuple[int, ...] = (),
+):
+  """Token trees: tokens[B, T] at RoPE positions[B, T], written at cache slots[B, T],
+  each attending to the slots mask[B, T, S] allows (its ancestors and the context).
+
+  Returns (float32 logits [B, T, V], cache with lengths unchanged[, features]).
+  """
+  out = _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capture)
+  return (logits_from_hidden(params, out[0], cfg), *out[1:])
+
+
+def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
+  """Copies every layer's slot src[b, k] to dst[b, k] (all read before any write; writes
+  past the end are dropped): an accepted tree path made contiguous."""
+
+  def move(buffer):
+    b, g, s, h = buffer.shape
+    flat = buffer.reshape(b * g, s, h)
+    heads = (jnp.arange(b)[:, None] * g + jnp.arange(g)[None])[:, :, None]  # [B, G, 1]
+    take = lambda pos: jnp.broadcast_to(pos[:, None, :], (b, g, pos.shape[1]))
+    rows = jnp.broadcast_to(heads, take(src).shape)
+    moved = flat[rows, jnp.clip(take(src), 0, s - 1)]  # [B, G, K, H]
+    return flat.at[rows, take(dst)].set(moved, mode='drop').reshape(b, g, s, h)
+
+  return cache.replace(k=[move(k) for k in cache.k], v=[move(v) for v in cache.v])
 
 
 def _forward_hidden_pending(
@@ -471,4 +516,6 @@ FAMILY = contract.Family(
   logits=logits_from_hidden,
   init_cache=init_cache,
   check_params=check_params,
+  forward_masked=forward_masked,
+  move_slots=move_slots,
 )
