@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter, DraftKind
 
 
@@ -59,6 +60,43 @@ def lookup(ctx: jax.Array, length: jax.Array, n_min: int, n_max: int) -> jax.Arr
   total = match_lengths(ctx, length, n_max)
   best = jnp.max(jnp.where(total >= n_min, total * s + jnp.arange(s)[None], -1), axis=1)
   return jnp.where(best >= 0, best % s, -1)
+
+
+def recent_matches(ctx: jax.Array, length: jax.Array, n_min: int, n_max: int, k: int) -> jax.Array:
+  """[B, k] end indices of the k best earlier occurrences of the context's last tokens
+  (longest match first, then most recent; at least n_min tokens), -1 past the last."""
+  s = ctx.shape[1]
+  total = match_lengths(ctx, length, n_max)
+  score = jnp.where(total >= n_min, total * s + jnp.arange(s)[None], -1)
+  best, _ = jax.lax.top_k(score, k)
+  return jnp.where(best >= 0, best % s, -1)
+
+
+def trie(continuations: jax.Array, valid: jax.Array, size: int) -> tree_lib.TreeDraft:
+  """A token trie of `size` nodes from continuations[B, M, D] (valid[B, M, D]: a prefix
+  of each), in rank order: equal prefixes share nodes, the first continuation's child
+  comes first, and nodes are numbered by (depth, rank), so when the trie has more than
+  `size` nodes the shallowest are kept (a kept node's parent always is)."""
+  b, m, d = continuations.shape
+  valid = jnp.cumprod(valid.astype(jnp.int32), axis=2) > 0
+  equal = continuations[:, :, None, :] == continuations[:, None, :, :]  # [B, M, M', D]
+  same = (jnp.cumprod(equal.astype(jnp.int32), axis=3) > 0) & valid[:, :, None] & valid[:, None]
+  first = jnp.argmax(same, axis=2)  # [B, M, D] the first continuation sharing the prefix
+  is_node = valid & (first == jnp.arange(m)[None, :, None])
+  key = jnp.where(is_node, jnp.arange(d)[None, None, :] * m + jnp.arange(m)[None, :, None], m * d)
+  order = jnp.argsort(key.reshape(b, m * d), axis=1)[:, :size]  # flat (rank, depth) ids
+  kept = jnp.take_along_axis(key.reshape(b, m * d), order, axis=1) < m * d
+  rows = jnp.arange(b)[:, None]
+  node = jnp.zeros((b, m * d), jnp.int32).at[rows, order].set(jnp.arange(1, size + 1))
+  node = node.reshape(b, m, d)
+  rank, depth = order // d, order % d
+  rep = jnp.take_along_axis(first.reshape(b, m * d), rank * d + jnp.maximum(depth - 1, 0), 1)
+  parent = jnp.take_along_axis(node.reshape(b, m * d), rep * d + jnp.maximum(depth - 1, 0), 1)
+  parent = jnp.where(depth == 0, 0, parent)
+  tokens = jnp.take_along_axis(continuations.reshape(b, m * d), order, axis=1)
+  return tree_lib.TreeDraft(
+    tokens=jnp.where(kept, tokens, 0).astype(jnp.int32), parents=jnp.where(kept, parent, -1)
+  )
 
 
 def last_match(ctx: jax.Array, length: jax.Array, n: int) -> jax.Array:
@@ -115,6 +153,25 @@ class NgramDrafter(LookupDrafter):
   @property
   def name(self) -> str:
     return f'prompt lookup ngram(n={self.n_min}..{self.n_max})'
+
+  def check_tree(self, spec) -> None:
+    if spec.shape is not None:
+      raise ValueError(
+        f'{self.name} builds tries of continuations, not fixed shapes: give it a dynamic '
+        f'tree (size, depth, width = how many earlier matches)'
+      )
+
+  def propose_tree(self, params, draft_state, state, key, spec, sampling):
+    """A trie of what followed the `spec.width` best earlier matches (longest, then most
+    recent), `spec.depth` tokens each, `spec.size` nodes at most."""
+    ctx, length = context(draft_state, state)
+    ends = recent_matches(ctx, length, self.n_min, self.n_max, spec.width)  # [B, W]
+    positions = ends[:, :, None] + 1 + jnp.arange(spec.depth)  # [B, W, D]
+    valid = (ends[:, :, None] >= 0) & (positions < length[:, None, None])
+    flat = jnp.clip(positions, 0, ctx.shape[1] - 1).reshape(ctx.shape[0], -1)
+    conts = jnp.take_along_axis(ctx, flat, axis=1).reshape(positions.shape)
+    draft = trie(conts, valid, spec.size)
+    return draft, draft_state.replace(found=jnp.any(draft.parents >= 0, axis=1))
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ctx, length = context(draft_state, state)
