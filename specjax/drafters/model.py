@@ -147,7 +147,14 @@ class ModelDrafter(Drafter):
   # recorded in TreeDraft.cache_slots) to give their children.
 
   def check_tree(self, spec) -> None:
-    del spec  # static shapes and dynamic trees both
+    """Static shapes, and dynamic trees no larger than the candidates they expand."""
+    if spec.shape is None:
+      pool = spec.width + (spec.depth - 1) * spec.width**2
+      if spec.size > pool:
+        raise ValueError(
+          f'a dynamic tree of depth {spec.depth} and width {spec.width} has {pool} '
+          f'candidates, fewer than its size {spec.size}'
+        )
 
   def _forward_masked(self, params, tokens, cache, positions, slots, mask):
     """The draft on tree nodes: (logits [B, T, V'] over the draft's vocabulary, cache)."""

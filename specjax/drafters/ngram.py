@@ -160,6 +160,11 @@ class NgramDrafter(LookupDrafter):
         f'{self.name} builds tries of continuations, not fixed shapes: give it a dynamic '
         f'tree (size, depth, width = how many earlier matches)'
       )
+    if spec.size > spec.width * spec.depth:
+      raise ValueError(
+        f'a trie of {spec.width} continuations of {spec.depth} tokens has at most '
+        f'{spec.width * spec.depth} nodes, fewer than its size {spec.size}'
+      )
 
   def propose_tree(self, params, draft_state, state, key, spec, sampling):
     """A trie of what followed the `spec.width` best earlier matches (longest, then most

@@ -1,0 +1,237 @@
+"""Token trees through the decoding loop: the tree forward equals forwards of each path,
+speculative greedy with trees equals target greedy (batch 1 and ragged batches, every
+tree drafter), sampling with trees is lossless end to end (chi-square, with a wrong tree
+verifier to show the test has power), and bad tree settings are named."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_speculative import (
+  PROMPT,
+  PROMPTS,
+  SAMPLINGS,
+  VOCAB,
+  chi_square_pvalue,
+  exact_continuations,
+)
+
+from specjax import testing
+from specjax.core import tree as tree_lib
+from specjax.core.sampling import SamplingConfig
+from specjax.decode.engine import Engine
+from specjax.drafters import ModelDrafter, truncated_target
+from specjax.drafters.ngram import NgramDrafter
+from specjax.models import llama
+from specjax.models.kv_cache import KVCache
+from specjax.verify import tree as tree_verify
+
+TREES = {
+  'static 2x2x1': tree_lib.TreeSpec(tree_lib.parse_shape('2x2x1')),
+  'static uneven': tree_lib.TreeSpec(tree_lib.parse_shape('0;1;2;0.0;0.1;1.0;0.0.0')),
+  'chain 3': tree_lib.TreeSpec(tree_lib.parse_shape('chain:3')),
+  'dynamic': tree_lib.TreeSpec(size=6, depth=3, width=2),
+}
+
+
+@pytest.fixture(scope='module')
+def target():
+  return testing.tiny_model(seed=3, n_layers=3)
+
+
+def model_engine(target, draft, cache=128, eos_id=-1):
+  (cfg, params), (draft_cfg, draft_params) = target, draft
+  return Engine(
+    params,
+    cfg,
+    eos_id=eos_id,
+    cache_size=cache,
+    drafter=ModelDrafter(draft_cfg),
+    draft_params=draft_params,
+  )
+
+
+def test_tree_forward_equals_a_forward_of_each_path(target):
+  cfg, params = target
+  context = [5, 9, 2, 7]
+  shape = tree_lib.parse_shape('0;1;0.0;0.1;1.0;0.0.0')
+  rng = np.random.default_rng(0)
+  nodes = rng.integers(3, cfg.vocab_size, shape.size)
+  cache = KVCache.init(cfg, 1, 32)
+  _, cache = llama.forward(params, jnp.asarray([context[:-1]]), cache, cfg)
+  anc = tree_lib.ancestors(shape.parents_array(1))
+  depth = tree_lib.depths(anc, shape.parents_array(1))
+  start = cache.lengths
+  tokens = jnp.asarray([[context[-1], *nodes]])
+  logits, _ = llama.forward_masked(
+    params,
+    tokens,
+    cache,
+    cfg,
+    start[:, None] + depth,
+    start[:, None] + jnp.arange(shape.size + 1),
+    tree_lib.tree_mask(anc, start, 32),
+  )
+  for i, path in enumerate([(), *shape.paths]):
+    seq = context + [int(nodes[shape.paths.index(path[:k])]) for k in range(1, len(path) + 1)]
+    full, _ = llama.forward(params, jnp.asarray([seq]), KVCache.init(cfg, 1, 32), cfg)
+    np.testing.assert_allclose(logits[0, i], full[0, -1], atol=2e-5, err_msg=str(path))
+
+
+DRAFTS = {
+  'truncated target': lambda t: truncated_target(*t, 1),
+  'random tiny model': lambda t: testing.tiny_model(
+    seed=11, n_layers=1, d_model=16, n_heads=2, n_kv_heads=1
+  ),
+  'target itself': lambda t: t,
+}
+
+
+@pytest.mark.parametrize('draft', list(DRAFTS))
+def test_tree_greedy_equals_target_greedy(target, draft):
+  engine = model_engine(target, DRAFTS[draft](target))
+  reference = engine.generate(PROMPTS, 24).tokens
+  for name, spec in TREES.items():
+    batch = engine.generate(PROMPTS, 24, tree=spec)
+    assert batch.tokens == reference, name
+    alone = engine.generate(PROMPTS[1:2], 24, tree=spec)
+    assert alone.tokens[0] == reference[1], name
+
+
+def test_a_perfect_draft_accepts_the_whole_depth(target):
+  engine = model_engine(target, target)
+  for spec in (TREES['static 2x2x1'], tree_lib.TreeSpec(size=4, depth=4, width=1)):
+    out = engine.generate(PROMPTS, 25, tree=spec)
+    for acc in out.accepted:  # every iteration but maybe a row's last keeps the depth
+      assert set(acc[:-1]) == {spec.max_depth}, acc
+
+
+def test_tree_rows_stop_at_their_eos(target):
+  cfg, params = target
+  reference = model_engine(target, target).generate(PROMPTS, 24).tokens
+  eos = reference[0][5]  # row 0 emits this token early
+  engine = model_engine(target, truncated_target(cfg, params, 1), eos_id=eos)
+  want = engine.generate(PROMPTS, 24).tokens
+  assert want[0][-1] == eos and len(want[0]) <= 6
+  assert engine.generate(PROMPTS, 24, tree=TREES['static 2x2x1']).tokens == want
+
+
+def test_tree_rows_that_fill_their_cache():
+  """Each row's prompt + max_new + tree nodes fills the cache exactly."""
+  target = testing.tiny_model(seed=3, n_layers=2)
+  engine = model_engine(target, truncated_target(*target, 1), cache=32)
+  spec = TREES['static 2x2x1']
+  prompts = [[3] * (32 - spec.nodes - 12), [4, 5] * 3]
+  max_new = [12, 32 - spec.nodes - 6]
+  assert (
+    engine.generate(prompts, max_new, tree=spec).tokens == engine.generate(prompts, max_new).tokens
+  )
+  with pytest.raises(ValueError, match='and 10 for the tree draft it needs 33 cache slots'):
+    engine.generate(prompts, [13, 1], tree=spec)
+
+
+LOOKUP_PROMPTS = [
+  [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1],
+  [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3],
+  [7],
+  [2, 7, 1, 8, 2, 8, 1, 8, 2, 8],
+]
+
+
+def test_lookup_trie_greedy_equals_target_greedy(target):
+  cfg, params = target
+  engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
+  reference = engine.generate(LOOKUP_PROMPTS, 40).tokens
+  for spec in (
+    tree_lib.TreeSpec(size=8, depth=4, width=3),
+    tree_lib.TreeSpec(size=3, depth=6, width=4),
+  ):
+    out = engine.generate(LOOKUP_PROMPTS, 40, tree=spec)
+    assert out.tokens == reference
+    assert sum(map(sum, out.accepted)) > 0
+
+
+def test_lookup_trie_merges_shared_prefixes():
+  from specjax.drafters import ngram
+
+  conts = jnp.asarray([[[5, 6, 7], [5, 6, 8], [5, 9, 1], [2, 3, 4]]])
+  valid = jnp.asarray([[[1, 1, 1], [1, 1, 1], [1, 1, 0], [0, 0, 0]]], bool)
+  draft = ngram.trie(conts, valid, 8)
+  assert np.asarray(draft.tokens)[0].tolist() == [5, 6, 9, 7, 8, 0, 0, 0]
+  assert np.asarray(draft.parents)[0].tolist() == [0, 1, 1, 2, 2, -1, -1, -1]
+  cut = ngram.trie(conts, valid, 2)  # the shallowest nodes are kept
+  assert np.asarray(cut.parents)[0].tolist() == [0, 1]
+
+
+def test_lookup_finds_the_best_earlier_matches():
+  from specjax.drafters import ngram
+
+  ctx = jnp.asarray([[1, 2, 3, 9, 2, 3, 8, 7, 3, 5, 2, 3]])
+  ends = ngram.recent_matches(ctx, jnp.asarray([12]), 1, 3, 4)
+  # "2 3" ends at 5 and 2 (longest first, most recent first), then "3" alone at 8.
+  assert np.asarray(ends)[0].tolist() == [5, 2, 8, -1]
+
+
+@pytest.fixture(scope='module')
+def small_vocab():
+  target = testing.tiny_model(seed=21, vocab_size=VOCAB, n_layers=2, scale=0.3)
+  draft = testing.tiny_model(seed=22, vocab_size=VOCAB, n_layers=1, scale=0.3)
+  return target, draft
+
+
+def tree_samples(small_vocab, sampling, spec, seed=0):
+  target, draft = small_vocab
+  engine = model_engine(target, draft, cache=16)
+  out = engine.generate([PROMPT] * 30000, 3, sampling, seed=seed, tree=spec)
+  return np.array(out.tokens)
+
+
+@pytest.mark.parametrize('sampling', SAMPLINGS, ids=['t1', 't0.7-k5-p0.9'])
+@pytest.mark.parametrize('tree', ['static uneven', 'dynamic'])
+def test_tree_sampling_matches_the_target(small_vocab, sampling, tree):
+  probs = exact_continuations(*small_vocab[0], sampling)
+  samples = tree_samples(small_vocab, sampling, TREES[tree])
+  assert chi_square_pvalue(samples, probs) > 1e-3
+
+
+def test_the_chi_square_test_catches_a_wrong_tree_verifier(small_vocab, monkeypatch):
+  from test_tree_verify import naive_plan
+
+  monkeypatch.setattr(tree_verify, 'rejection_tree_plan', naive_plan)
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(*small_vocab[0], sampling)
+  samples = tree_samples(small_vocab, sampling, TREES['static 2x2x1'])
+  assert chi_square_pvalue(samples, probs) < 1e-3
+
+
+@pytest.mark.parametrize(
+  'kwargs, match',
+  [
+    ({'verifier': 'block'}, 'block verification is proved for chains only'),
+    (
+      {'adaptive': __import__('specjax.control.adaptive', fromlist=['x']).AdaptiveConfig()},
+      'adaptive control chooses among chains',
+    ),
+  ],
+)
+def test_bad_tree_settings_are_named(target, kwargs, match):
+  engine = model_engine(target, target)
+  with pytest.raises(ValueError, match=match):
+    engine.generate(PROMPTS, 4, tree=TREES['dynamic'], **kwargs)
+
+
+def test_a_lookup_drafter_refuses_a_fixed_shape(target):
+  cfg, params = target
+  engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=NgramDrafter(cfg.vocab_size))
+  with pytest.raises(ValueError, match='builds tries of continuations, not fixed shapes'):
+    engine.generate(PROMPTS, 4, tree=TREES['static 2x2x1'])
+
+
+def test_a_dynamic_tree_larger_than_its_candidates_is_refused(target):
+  engine = model_engine(target, target)
+  with pytest.raises(ValueError, match='has 6 candidates, fewer than its size 7'):
+    engine.generate(PROMPTS, 4, tree=tree_lib.TreeSpec(size=7, depth=2, width=2))
+
+
+def test_a_dynamic_tree_needs_its_sizes():
+  with pytest.raises(ValueError, match='a dynamic tree needs size, depth and width >= 1'):
+    tree_lib.TreeSpec(size=4, depth=0, width=2)
