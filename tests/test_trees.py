@@ -235,3 +235,142 @@ def test_a_dynamic_tree_larger_than_its_candidates_is_refused(target):
 def test_a_dynamic_tree_needs_its_sizes():
   with pytest.raises(ValueError, match='a dynamic tree needs size, depth and width >= 1'):
     tree_lib.TreeSpec(size=4, depth=0, width=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every tree drafter drafts what its chain drafts along the best path, and trees with a
+# feature head or a distilled draft are lossless too.
+
+
+def _drafted(engine, spec, gamma):
+  """(tree tokens, chain tokens) drafted from the same state after a prefill."""
+  import jax
+
+  from specjax.decode import prefill
+
+  tokens, lengths, max_new, out_len, cache_size = engine.prepare(PROMPTS, 8, spare=16)
+  sampling = SamplingConfig()
+  method = engine.method(gamma)
+  state = prefill.prefill(
+    {'target': engine.params, 'draft': engine.draft_params},
+    jnp.asarray(tokens),
+    jnp.asarray(lengths),
+    jnp.asarray(max_new),
+    jax.random.key(0),
+    cfg=engine.cfg,
+    method=method,
+    sampling=sampling,
+    eos_id=-1,
+    cache_size=cache_size,
+    out_len=out_len,
+  )
+  drafter, key = engine.drafter, jax.random.key(1)
+  tree, _ = drafter.propose_tree(engine.draft_params, state.spec.draft, state, key, spec, sampling)
+  chain, _, _ = drafter.propose(engine.draft_params, state.spec.draft, state, key, gamma, sampling)
+  return tree, chain
+
+
+def eagle_engine(target, **kwargs):
+  from test_eagle import make_head
+
+  from specjax.drafters.eagle import EagleDrafter
+
+  cfg, params = target
+  hc, hp = make_head(target)
+  return Engine(
+    params,
+    cfg,
+    eos_id=-1,
+    cache_size=kwargs.pop('cache', 128),
+    drafter=EagleDrafter(hc),
+    draft_params={'head': hp, 'embed': params['embed']},
+  )
+
+
+@pytest.mark.parametrize('drafter', ['model', 'eagle'])
+def test_a_tree_drafts_the_chain_along_its_best_path(target, drafter):
+  engine = (
+    model_engine(target, truncated_target(*target, 1))
+    if drafter == 'model'
+    else eagle_engine(target)
+  )
+  for spec in (
+    tree_lib.TreeSpec(tree_lib.parse_shape('chain:3')),
+    tree_lib.TreeSpec(size=3, depth=3, width=1),
+    tree_lib.TreeSpec(tree_lib.parse_shape('2x2x1')),
+  ):
+    tree, chain = _drafted(engine, spec, 3)
+    shape = spec.shape or tree_lib.TreeShape.chain(3)
+    best = [shape.paths.index((0,) * d) for d in (1, 2, 3)]
+    np.testing.assert_array_equal(np.asarray(tree.tokens)[:, best], chain, err_msg=str(spec))
+
+
+def test_a_draft_models_second_branch_is_its_argmax_after_that_token(target):
+  cfg, params = target
+  draft_cfg, draft_params = truncated_target(cfg, params, 1)
+  engine = model_engine(target, (draft_cfg, draft_params))
+  spec = tree_lib.TreeSpec(tree_lib.parse_shape('2x2'))
+  tree, _ = _drafted(engine, spec, 2)
+  tokens = np.asarray(tree.tokens)
+  for row, prompt in enumerate(PROMPTS):
+    first = engine.generate([prompt], 1).tokens[0]  # the prefill's token: the root
+    for path in ((1, 0), (1, 1), (0, 1)):
+      seq = prompt + first + [int(tokens[row, spec.shape.paths.index(path[:1])])]
+      logits, _ = llama.forward(
+        draft_params, jnp.asarray([seq]), KVCache.init(draft_cfg, 1, 32), draft_cfg
+      )
+      want = np.argsort(-np.asarray(logits[0, -1]), kind='stable')[path[1]]
+      assert tokens[row, spec.shape.paths.index(path)] == want, (row, path)
+
+
+def test_eagle_tree_greedy_equals_target_greedy(target):
+  engine = eagle_engine(target)
+  reference = engine.generate(PROMPTS, 24).tokens
+  for name, spec in TREES.items():
+    assert engine.generate(PROMPTS, 24, tree=spec).tokens == reference, name
+
+
+def test_distilled_tree_greedy_equals_target_greedy(target):
+  from specjax.drafters import distilled
+
+  cfg, params = target
+  ids = np.arange(0, cfg.vocab_size, 3)
+  draft_cfg, draft_params = distilled.init_from_target(cfg, params, (0,), ids)
+  engine = Engine(
+    params,
+    cfg,
+    eos_id=-1,
+    cache_size=128,
+    drafter=distilled.DistilledDrafter(draft_cfg),
+    draft_params=draft_params,
+  )
+  reference = engine.generate(PROMPTS, 24).tokens
+  for name, spec in TREES.items():
+    assert engine.generate(PROMPTS, 24, tree=spec).tokens == reference, name
+
+
+@pytest.mark.parametrize('tree', ['static 2x2x1', 'dynamic'])
+def test_eagle_tree_sampling_is_lossless(tree):
+  """A head whose vocabulary leaves out two of the eight tokens (q = 0 there)."""
+  import jax
+
+  from specjax.drafters.eagle import EagleDrafter
+  from specjax.models import eagle as eagle_model
+
+  target = testing.tiny_model(seed=21, vocab_size=VOCAB, n_layers=2, scale=0.3)
+  cfg, params = target
+  ids = np.array([0, 1, 2, 4, 5, 7])
+  hc = eagle_model.EagleConfig.for_target(cfg, len(ids))
+  hp = eagle_model.init_params(hc, jax.random.key(5), ids, params)
+  sampling = SamplingConfig(temperature=1.0)
+  engine = Engine(
+    params,
+    cfg,
+    eos_id=-1,
+    cache_size=16,
+    drafter=EagleDrafter(hc),
+    draft_params={'head': hp, 'embed': params['embed']},
+  )
+  out = engine.generate([PROMPT] * 30000, 3, sampling, seed=0, tree=TREES[tree])
+  probs = exact_continuations(cfg, params, sampling)
+  assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3

@@ -19,6 +19,7 @@ particular architecture by name:
                  mask[B, T, S], layers=None, capture=()) -> (logits[B, T, V], cache)
       token trees: tokens at RoPE `positions`, written at cache `slots`, attending to
       the slots `mask` allows; the cache's lengths are left as they were
+  forward_masked_hidden(same arguments) -> (hidden[B, T, D], cache)
   move_slots(cache, src[B, K], dst[B, K]) -> cache   copies slots (an accepted tree path)
 
 `tokens` are written at each row's own position (`cache.lengths`); the returned cache
@@ -71,6 +72,7 @@ class Family:
   init_cache: Callable[..., Any]
   check_params: Callable[..., Any]
   forward_masked: Callable[..., Any]
+  forward_masked_hidden: Callable[..., Any]
   move_slots: Callable[..., Any]
 
 

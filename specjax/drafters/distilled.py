@@ -100,6 +100,15 @@ class DistilledDrafter(ModelDrafter):
   def _forward(self, params, tokens, cache):
     return subset_logits(params, tokens, cache, self.cfg)  # [B, T, K]: the draft vocabulary
 
+  def _vocab_ids(self, params):
+    return params['vocab_ids']
+
+  def _forward_masked(self, params, tokens, cache, positions, slots, mask):
+    x, cache = self.cfg.family.forward_masked_hidden(
+      params, tokens, cache, self.cfg, positions, slots, mask
+    )
+    return (x @ params['head']).astype(jnp.float32), cache
+
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ids = params['vocab_ids']
     logits, cache = self.first_logits(params, draft_state, state)  # catches up when behind

@@ -32,6 +32,7 @@ from flax import struct
 from specjax.checkpoints import eagle3
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import Drafter, DraftKind
+from specjax.drafters import tree_build
 from specjax.models import eagle as eagle_model
 from specjax.models import llama
 from specjax.models.eagle import EagleConfig, cached_step, head_logits
@@ -160,6 +161,35 @@ class EagleDrafter(Drafter):
         )
         out = out[:, 0]
     return jnp.stack(tokens, 1), jnp.stack(dists, 1), draft_state.replace(cache=cache, base=base)
+
+  def check_tree(self, spec) -> None:
+    tree_build.check_tree(self.name, spec)
+    if spec.max_depth + 1 > self.ring:
+      raise ValueError(
+        f'an EAGLE head keeps features of {self.ring} positions; a tree of depth '
+        f'{spec.max_depth} needs {spec.max_depth + 1}'
+      )
+
+  def propose_tree(self, params, draft_state: EagleState, state, key, spec, sampling):
+    """A tree drafted on the head's own output states (drafters/tree_build.py): each node
+    is fed its parent's output state and its own token; rollback drops them all."""
+    head, embed, ids = params['head'], params['embed'], jnp.asarray(params['head']['vocab_ids'])
+    out, cache = self._catch_up(params, draft_state, state, spec.max_depth + 1)
+    base = cache.lengths
+
+    def feed(cache, tokens, parent_states, positions, slots, mask):
+      o, cache = cached_step(
+        head, embed, parent_states, tokens, positions, None, cache, self.cfg, slots, mask
+      )
+      return head_logits(head, o, self.cfg), o, cache
+
+    args = (feed, cache, head_logits(head, out, self.cfg), out, base, cache.cache_size)
+    extra = {'ids': ids, 'vocab': self.vocab_size}
+    if spec.shape is not None:
+      draft, cache = tree_build.static_tree(*args, spec.shape, key, sampling, **extra)
+    else:
+      draft, cache = tree_build.dynamic_tree(*args, spec, sampling, **extra)
+    return draft, draft_state.replace(cache=cache, base=base)
 
   def rollback(self, draft_state: EagleState, state) -> EagleState:
     # Only entries run with the target's features stay: its own states were guesses.

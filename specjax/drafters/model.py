@@ -21,13 +21,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from specjax.checkpoints import loader
 from specjax.core import sampling as sampling_lib
-from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter, DraftKind
+from specjax.drafters import tree_build
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
 
@@ -142,19 +141,12 @@ class ModelDrafter(Drafter):
         logits = logits[:, 0]
     return (jnp.stack(tokens, 1), jnp.stack(dists, 1), draft_state.replace(cache=cache))
 
-  # Token trees. Node i (1-based) of a tree drafted after a context of c tokens sits at
-  # position c - 1 + depth; nodes with children are fed to the draft (at draft-cache slots
-  # recorded in TreeDraft.cache_slots) to give their children.
+  # Token trees (drafters/tree_build.py): after a context of c tokens, node i at depth d
+  # sits at position c - 1 + d; nodes with children are fed to the draft, at draft-cache
+  # slots recorded in TreeDraft.cache_slots, to give their children.
 
   def check_tree(self, spec) -> None:
-    """Static shapes, and dynamic trees no larger than the candidates they expand."""
-    if spec.shape is None:
-      pool = spec.width + (spec.depth - 1) * spec.width**2
-      if spec.size > pool:
-        raise ValueError(
-          f'a dynamic tree of depth {spec.depth} and width {spec.width} has {pool} '
-          f'candidates, fewer than its size {spec.size}'
-        )
+    tree_build.check_tree(self.name, spec)
 
   def _forward_masked(self, params, tokens, cache, positions, slots, mask):
     """The draft on tree nodes: (logits [B, T, V'] over the draft's vocabulary, cache)."""
@@ -162,158 +154,28 @@ class ModelDrafter(Drafter):
       params, tokens, cache, self.cfg, positions, slots, mask, self.layers
     )
 
-  def _full_ids(self, params, local):
-    """Draft-vocabulary indices -> target token ids (the identity here)."""
+  def _vocab_ids(self, params):
+    """The target id of each draft-vocabulary index (None: the draft has the full one)."""
     del params
-    return local
-
-  def _full_dist(self, params, probs):
-    del params
-    return probs
-
-  def _children(self, params, logits, k: int, key, sampling, sampled: bool):
-    """The k children of each node from the draft's logits[B, M, V'].
-
-    Returns (tokens [B, M, k] target ids, log-probabilities [B, M, k], q [B, M, k, V] or
-    None). Greedy, or `sampled` False: the draft's top k in order (deterministic, q
-    one-hot). Otherwise k tokens drawn without replacement (Gumbel top-k), q of the i-th
-    being the draft's distribution with the earlier ones removed.
-    """
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    if sampling.greedy or not sampled:
-      scores, local = jax.lax.top_k(logp, k)
-      return self._full_ids(params, local), scores, None
-    probs = sampling_lib.probabilities(logits, sampling)
-    gumbel = jax.random.gumbel(key, probs.shape, probs.dtype)
-    keyed = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)) + gumbel, -jnp.inf)
-    _, local = jax.lax.top_k(keyed, k)  # [B, M, k]: a draw without replacement, in order
-    earlier = jnp.cumsum(jax.nn.one_hot(local, probs.shape[-1], dtype=probs.dtype), axis=-2)
-    earlier = jnp.concatenate([jnp.zeros_like(earlier[..., :1, :]), earlier[..., :-1, :]], -2)
-    q = probs[..., None, :] * (1.0 - earlier)
-    q = q / jnp.maximum(jnp.sum(q, -1, keepdims=True), 1e-30)
-    return (
-      self._full_ids(params, local),
-      jnp.take_along_axis(logp, local, -1),
-      self._full_dist(params, q),
-    )
+    return None
 
   def propose_tree(self, params, draft_state, state, key, spec, sampling):
     logits, cache = self.first_logits(params, draft_state, state)  # cache holds the context
-    if spec.shape is not None:
-      draft, cache = self._static_tree(params, logits, cache, key, spec.shape, sampling)
-    else:
-      draft, cache = self._dynamic_tree(params, logits, cache, key, spec, sampling)
-    filled = cache.lengths + spec.nodes  # past every node: rollback trims to the path
-    return draft, draft_state.replace(cache=cache.with_lengths(filled))
-
-  def _static_tree(self, params, root_logits, cache, key, shape, sampling):
-    b, n = root_logits.shape[0], shape.size
-    c = cache.lengths  # context length; the root is its last token
-    anc = shape.ancestor_matrix()  # [N+1, N+1]
-    kids = {u: [i + 1 for i, p in enumerate(shape.parents) if p == u] for u in range(n + 1)}
-    logits_at = {0: root_logits}
-    tokens = [None] * (n + 1)
-    qs = [None] * (n + 1)
-    keys = jax.random.split(key, shape.depth)
-    slots = -np.ones(n, np.int32)
-    for d, level in enumerate(shape.levels):
-      parents = sorted({shape.parents[i - 1] for i in level})
-      width = max(len(kids[u]) for u in parents)
-      stacked = jnp.stack([logits_at[u] for u in parents], axis=1)  # [B, M, V']
-      toks, _, q = self._children(params, stacked, width, keys[d], sampling, sampled=True)
-      for m, u in enumerate(parents):
-        for r, i in enumerate(kids[u]):
-          tokens[i] = toks[:, m, r]
-          qs[i] = None if q is None else q[:, m, r]
-      fed = [i for i in level if kids[i]]
-      if not fed:
-        continue
-      slots[np.asarray(fed) - 1] = np.asarray(fed) - 1
-      offs = jnp.asarray(np.asarray(fed) - 1, jnp.int32)  # slot c + i - 1 for node i
-      node_slots = c[:, None] + offs[None]
-      mask_nodes = jnp.asarray(anc[np.asarray(fed)][:, 1:])  # [W, N] over nodes 1..N
-      offset = jnp.arange(cache.cache_size)[None] - c[:, None]  # [B, S]
-      tree_part = jnp.take(mask_nodes, jnp.clip(offset, 0, n - 1), axis=1)  # [W, B, S]
-      mask = (offset < 0)[:, None] | (
-        ((offset >= 0) & (offset < n))[:, None] & tree_part.transpose(1, 0, 2)
-      )
-      feed = jnp.stack([tokens[i] for i in fed], axis=1)
-      positions = jnp.broadcast_to((c + d)[:, None], node_slots.shape)  # depth d + 1
-      out, cache = self._forward_masked(params, feed, cache, positions, node_slots, mask)
-      for w, i in enumerate(fed):
-        logits_at[i] = out[:, w]
-    draft = tree_lib.TreeDraft(
-      tokens=jnp.stack(tokens[1:], axis=1).astype(jnp.int32),
-      parents=shape.parents_array(b),
-      q=None if qs[1] is None else jnp.stack(qs[1:], axis=1),
-      cache_slots=jnp.where(jnp.asarray(slots) >= 0, c[:, None] + jnp.asarray(slots), -1),
-    )
-    return draft, cache
-
-  def _dynamic_tree(self, params, root_logits, cache, key, spec, sampling):
-    """EAGLE-2's dynamic tree: each level expands the `width` candidates of highest
-    cumulative draft log-probability by their `width` best children; the tree keeps the
-    `size` best candidates overall. Children are the draft's top tokens (deterministic,
-    q one-hot), so the choice of tree never biases a sampled token: lossless at any
-    temperature."""
-    del key
-    k, n, depth = spec.width, spec.size, spec.depth
-    b = root_logits.shape[0]
     c = cache.lengths
-    span = max(depth - 1, 1) * k  # draft-cache slots the fed levels use
-    toks, scores, _ = self._children(params, root_logits[:, None], k, None, sampling, False)
-    pool_tokens, pool_scores = [toks[:, 0]], [scores[:, 0]]
-    pool_parents = [jnp.full((b, k), -1, jnp.int32)]  # -1: the root
-    pool_depths = [jnp.ones((b, k), jnp.int32)]
-    pool_slots = [jnp.full((b, k), -1, jnp.int32)]
-    frontier = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # pool indices
-    seen = jnp.zeros((b, k, span), bool)  # each frontier node's ancestors' slots
-    offset = jnp.arange(cache.cache_size)[None] - c[:, None]  # [B, S]
-    for d in range(1, depth):
-      total = k + (d - 1) * k * k  # pool size so far
-      take = lambda x, f=frontier: jnp.take_along_axis(jnp.concatenate(x, 1), f, axis=1)
-      own = (d - 1) * k + jnp.arange(k, dtype=jnp.int32)  # this level's slots, past c
-      seen = seen | jax.nn.one_hot(own, span, dtype=bool)[None]
-      tree_part = jnp.take_along_axis(
-        seen, jnp.broadcast_to(jnp.clip(offset, 0, span - 1)[:, None], (b, k, offset.shape[1])), 2
-      )
-      mask = (offset < 0)[:, None] | (((offset >= 0) & (offset < span))[:, None] & tree_part)
-      slots = c[:, None] + own[None]
-      positions = jnp.broadcast_to((c + d - 1)[:, None], slots.shape)  # depth d
-      logits, cache = self._forward_masked(params, take(pool_tokens), cache, positions, slots, mask)
-      pool_slots = [jnp.concatenate(pool_slots, 1).at[jnp.arange(b)[:, None], frontier].set(slots)]
-      kid_toks, kid_scores, _ = self._children(params, logits, k, None, sampling, False)
-      kid_scores = take(pool_scores)[:, :, None] + kid_scores  # cumulative, [B, K, K]
-      pool_tokens.append(kid_toks.reshape(b, k * k))
-      pool_scores.append(kid_scores.reshape(b, k * k))
-      pool_parents.append(jnp.repeat(frontier, k, axis=1))
-      pool_depths.append(jnp.full((b, k * k), d + 1, jnp.int32))
-      pool_slots.append(jnp.full((b, k * k), -1, jnp.int32))
-      # The next frontier: the k best new candidates; each inherits its parent's slots.
-      _, best = jax.lax.top_k(kid_scores.reshape(b, k * k), k)
-      seen = jnp.take_along_axis(seen, (best // k)[..., None], axis=1)
-      frontier = total + best
-    cat = lambda x: jnp.concatenate(x, 1)
-    tokens, scores, parents = cat(pool_tokens), cat(pool_scores), cat(pool_parents)
-    depths, slots = cat(pool_depths), cat(pool_slots)
-    # A child never scores above its parent; the depth term breaks ties in its favour.
-    _, chosen = jax.lax.top_k(scores - 1e-4 * depths.astype(scores.dtype), n)
-    order = jnp.argsort(jnp.take_along_axis(depths, chosen, 1) * tokens.shape[1] + chosen, axis=1)
-    chosen = jnp.take_along_axis(chosen, order, axis=1)  # parents before children
-    rows = jnp.arange(b)[:, None]
-    node_of = (
-      jnp.zeros(tokens.shape, jnp.int32).at[rows, chosen].set(jnp.arange(1, n + 1, dtype=jnp.int32))
-    )
-    parent_pool = jnp.take_along_axis(parents, chosen, 1)
-    tree_parents = jnp.where(
-      parent_pool < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(parent_pool, 0), 1)
-    )
-    draft = tree_lib.TreeDraft(
-      tokens=jnp.take_along_axis(tokens, chosen, 1).astype(jnp.int32),
-      parents=tree_parents,
-      cache_slots=jnp.take_along_axis(slots, chosen, 1),
-    )
-    return draft, cache
+
+    def feed(cache, tokens, parent_states, positions, slots, mask):
+      out, cache = self._forward_masked(params, tokens, cache, positions, slots, mask)
+      return out, parent_states, cache
+
+    ids = self._vocab_ids(params)
+    extra = {} if ids is None else {'ids': ids, 'vocab': self.cfg.vocab_size}
+    args = (feed, cache, logits, jnp.zeros((c.shape[0], 0), logits.dtype), c, cache.cache_size)
+    if spec.shape is not None:
+      draft, cache = tree_build.static_tree(*args, spec.shape, key, sampling, **extra)
+    else:
+      draft, cache = tree_build.dynamic_tree(*args, spec, sampling, **extra)
+    filled = c + spec.nodes  # past every node: rollback trims to the accepted path
+    return draft, draft_state.replace(cache=cache.with_lengths(filled))
 
   def accept_path(self, draft_state, draft, path, accepted):
     """Moves the accepted nodes' keys and values to the slots after the context."""

@@ -179,14 +179,18 @@ def head_logits(params, out: jax.Array, cfg: EagleConfig) -> jax.Array:
   return (llama.rms_norm(out, params['norm'], cfg.norm_eps) @ params['head']).astype(jnp.float32)
 
 
-def cached_step(params, embed, x, next_tokens, positions, valid, cache: KVCache, cfg):
+def cached_step(
+  params, embed, x, next_tokens, positions, valid, cache: KVCache, cfg, slots=None, mask=None
+):
   """The head at positions[B, T] (each row's own) with its KV cache: writes the entries of
   `valid` positions, attends to slots <= position. Returns (out [B, T, D], cache with its
-  lengths unchanged)."""
+  lengths unchanged). Token trees give `slots` [B, T] to write at instead (`valid` then
+  unused) and the `mask` [B, T, S] of slots each node sees."""
   e = jnp.take(embed, next_tokens, axis=0).astype(x.dtype)
   cos, sin = llama.rope_tables(positions, cfg.head_dim, cfg.rope_base)
-  writes = jnp.where(valid, positions, cache.cache_size)  # invalid: dropped
-  mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]
+  writes = jnp.where(valid, positions, cache.cache_size) if slots is None else slots
+  if mask is None:
+    mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]
   new = {}
 
   def attend(q, k, v):

@@ -381,6 +381,21 @@ def forward_masked(
   return (logits_from_hidden(params, out[0], cfg), *out[1:])
 
 
+def forward_masked_hidden(
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: LlamaConfig,
+  positions: jax.Array,
+  slots: jax.Array,
+  mask: jax.Array,
+  layers: tuple[int, ...] | None = None,
+  capture: tuple[int, ...] = (),
+):
+  """forward_masked's final-normed hidden states [B, T, D] instead of logits."""
+  return _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capture)
+
+
 def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
   """Copies every layer's slot src[b, k] to dst[b, k] (all read before any write; writes
   past the end are dropped): an accepted tree path made contiguous."""
@@ -517,5 +532,6 @@ FAMILY = contract.Family(
   init_cache=init_cache,
   check_params=check_params,
   forward_masked=forward_masked,
+  forward_masked_hidden=forward_masked_hidden,
   move_slots=move_slots,
 )
