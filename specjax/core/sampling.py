@@ -37,6 +37,13 @@ class SamplingConfig:
     return self.temperature == 0
 
 
+def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """jax.lax.top_k over the last axis, on a 2-D view: XLA:CPU then runs its TopK kernel
+  (on rank-3 operands it fell back to sorting all 49152 tokens of each row, 10-30 ms)."""
+  values, index = jax.lax.top_k(x.reshape(-1, x.shape[-1]), k)
+  return values.reshape(x.shape[:-1] + (k,)), index.reshape(x.shape[:-1] + (k,))
+
+
 def argmax(x: jax.Array) -> jax.Array:
   """First index of the maximum over the last axis, as int32.
 
@@ -77,7 +84,7 @@ def warp_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     return jnp.where(one_hot_argmax(logits) > 0, 0.0, NEG_INF)
   logits = logits / sampling.temperature
   if 0 < sampling.top_k < logits.shape[-1]:
-    kth = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]
+    kth = top_k(logits, sampling.top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, NEG_INF, logits)
   if sampling.top_p < 1:
     sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]

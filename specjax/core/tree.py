@@ -248,6 +248,27 @@ _SHAPE_USAGE = (
 )
 
 
+TREE_USAGE = (
+  "'dynamic:SIZE-DEPTH-WIDTH' (a dynamic tree of SIZE nodes, DEPTH levels, WIDTH expanded "
+  'per level; for prompt lookup WIDTH earlier matches), or ' + _SHAPE_USAGE
+)
+
+
+def parse_tree(text: str) -> TreeSpec:
+  """'dynamic:16-6-4' or a static shape (see parse_shape) -> TreeSpec."""
+  text = str(text).strip()
+  if text.startswith('dynamic:'):
+    parts = text[len('dynamic:') :].split('-')
+    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+      raise ValueError(f'tree {text!r}: expected {TREE_USAGE}')
+    size, depth, width = (int(p) for p in parts)
+    return TreeSpec(size=size, depth=depth, width=width)
+  try:
+    return TreeSpec(shape=parse_shape(text))
+  except ValueError:
+    raise ValueError(f'tree {text!r}: expected {TREE_USAGE}') from None
+
+
 def parse_shape(text: str) -> TreeShape:
   """'4x2x1' (branching per depth), 'chain:4', or explicit paths '0;1;0.0' -> TreeShape."""
   text = str(text).strip()

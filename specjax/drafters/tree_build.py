@@ -48,12 +48,12 @@ def children(logits, k: int, key, sampling, sampled: bool, ids=None, vocab: int 
   logp = jax.nn.log_softmax(logits, axis=-1)
   to_ids = (lambda x: x) if ids is None else (lambda x: jnp.asarray(ids)[x])
   if sampling.greedy or not sampled:
-    scores, local = jax.lax.top_k(logp, k)
+    scores, local = sampling_lib.top_k(logp, k)
     return to_ids(local), scores, None
   probs = sampling_lib.probabilities(logits, sampling)
   gumbel = jax.random.gumbel(key, probs.shape, probs.dtype)
   keyed = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)) + gumbel, -jnp.inf)
-  _, local = jax.lax.top_k(keyed, k)  # [B, M, k]: a draw without replacement, in order
+  _, local = sampling_lib.top_k(keyed, k)  # [B, M, k]: a draw without replacement, in order
   earlier = jnp.cumsum(jax.nn.one_hot(local, probs.shape[-1], dtype=probs.dtype), axis=-2)
   earlier = jnp.concatenate([jnp.zeros_like(earlier[..., :1, :]), earlier[..., :-1, :]], -2)
   q = probs[..., None, :] * (1.0 - earlier)
