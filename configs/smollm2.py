@@ -52,6 +52,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Fixed draft lengths, or --config.gammas='(1, 2, 4, 8)'; the feature head is best at 2.
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,) if args.tiny else (2, 4)
   c.adaptive_gammas = (1, 2, 4)  # () runs no adaptive methods
+  # Token trees each draft also runs, verified in one target forward (specjax/core/tree.py):
+  # 'dynamic:SIZE-DEPTH-WIDTH' (EAGLE-2's dynamic tree; for prompt lookup a trie of WIDTH
+  # earlier matches) or a static shape such as '4x2x1x1' (draft models and the head).
+  c.trees = ()
   c.methods = ''  # a comma-separated subset of the methods above ('' runs them all)
   c.measure_costs = True  # time draft and verify steps: c, the cost model, adaptive control
   return c

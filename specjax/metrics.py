@@ -108,6 +108,7 @@ class Summary:
   # With measured costs (specjax.control.cost_model):
   draft: str | None = None
   adaptive: bool | None = None
+  tree: str | None = None  # a tree method's tree (the cost model then predicts nothing)
   c: float | None = None
   predicted_speedup: float | None = None
   time_split_ms: dict[str, float] | None = None
@@ -161,14 +162,17 @@ def summarize_method(recs, baseline, compile_seconds: float | None = None) -> Su
 def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: bool) -> None:
   """Fills in the cost model's speedup and time split for a method (in place).
 
-  Iterations are weighted as they ran: one that verified d drafts emits E(alpha, d)
-  tokens at cost draft(d) + verify(d); one that did not (a plain step of adaptive
+  Iterations are weighted as they ran: one that verified d drafts emits the tokens the
+  per-position acceptance predicts (cost_model.position_acceptance) at cost draft(d) +
+  verify(d); one that did not (a plain step of adaptive
   control, or a prompt lookup with no match) emits 1 token at cost 1 (plus the search,
   for a fixed-gamma lookup). The same units give the predicted split of an iteration's
   time into draft, verify and the rest.
   """
   alpha = m.alpha or 0.0
   table = costs.table()
+  pairs = [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+  accept = cost_model.position_acceptance(pairs, max(table))
   tokens = draft = verify = 0.0  # draft and verify in target steps
   n = 0
   for r in recs:
@@ -176,7 +180,7 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
       n += 1
       if d:
         dc, vc = table[d]
-        tokens += float(cost_model.expected_tokens(alpha, d))
+        tokens += cost_model.expected_tokens_by_position(accept, d, alpha)
       else:
         dc, vc = (0.0 if adaptive else table[gamma][0]), 1.0
         tokens += 1
@@ -192,30 +196,47 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
   }
 
 
-def best_gamma_per_category(methods: Mapping[str, Summary], costs, categories) -> dict:
-  """Per draft and category: the cost model's best gamma from the category's acceptance
-  (alpha pooled over the draft's methods, weighted by drafted tokens)."""
+def best_gamma_per_category(methods: Mapping[str, Summary], costs, categories, records=None):
+  """Per draft and category: the cost model's best gamma from the category's per-position
+  acceptance, pooled over the draft's chain methods (alpha when `records` is not given:
+  {method: records} of the run)."""
   out = {}
   for spec, c in costs.items():
     out[spec] = {}
+    table = c.table()
     for cat in ['all', *categories]:
       successes = trials = 0.0
+      pairs = []
       for name, m in methods.items():
         sub = m if cat == 'all' else m.categories[cat]
         if name.startswith(spec + '@') and sub.alpha is not None:
           successes += sub.alpha * sub.drafted_tokens
           trials += sub.drafted_tokens
-      if trials:
-        gamma, speedup = cost_model.best_gamma(successes / trials, c.table())
-        out[spec][cat] = {'alpha': successes / trials, 'gamma': gamma, 'predicted_speedup': speedup}
+          for r in (records or {}).get(name, []):
+            if cat in ('all', r['category']):
+              pairs += [(a, d) for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+      if not trials:
+        continue
+      alpha = successes / trials
+      if pairs:
+        accept = cost_model.position_acceptance(pairs, max(table))
+        best = (0, 1.0)
+        for g, (draft, verify) in sorted(table.items()):
+          s = cost_model.expected_tokens_by_position(accept, g, alpha) / (draft + verify)
+          if g > 0 and s > best[1]:
+            best = (g, float(s))
+      else:
+        best = cost_model.best_gamma(alpha, table)
+      out[spec][cat] = {'alpha': alpha, 'gamma': best[0], 'predicted_speedup': best[1]}
   return out
 
 
 def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, costs=None):
   """{method: Summary} overall and per category, speedups against 'autoregressive'.
 
-  `plans` maps a method name to (draft spec, gamma, adaptive); with measured `costs`
-  (draft spec -> Costs) the cost model's prediction is filled in too.
+  `plans` maps a method name to (draft spec, gamma, adaptive, tree); with measured
+  `costs` (draft spec -> Costs) the cost model's prediction of a chain method is filled
+  in too. Tree methods get no per-token alpha (a chain's notion).
   """
   costs, plans = costs or {}, plans or {}
   baseline = records['autoregressive']
@@ -224,13 +245,18 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
   for name, recs in records.items():
     m = out[name] = summarize_method(recs, baseline, compile_seconds[name])
     plan = plans.get(name)
-    if plan is not None and plan[0] in costs:
+    tree = plan[3] if plan is not None and len(plan) > 3 and plan[3] else None
+    if tree:
+      m.draft, m.tree, m.alpha = plan[0], tree, None
+    elif plan is not None and plan[0] in costs:
       m.draft, m.adaptive = plan[0], plan[2]
       predict(m, recs, costs[plan[0]], plan[1], plan[2])
     for cat in categories:
       pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
       sub = summarize_method([recs[i] for i in pick], [baseline[i] for i in pick])
-      if plan is not None and plan[0] in costs:
+      if tree:
+        sub.alpha = None
+      elif plan is not None and plan[0] in costs:
         predict(sub, [recs[i] for i in pick], costs[plan[0]], plan[1], plan[2])
         sub.c = sub.time_split_ms = None
       m.categories[cat] = sub

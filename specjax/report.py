@@ -55,9 +55,17 @@ def write_csv(path: pathlib.Path, summary: dict) -> None:
 
 
 def results(
-  config, model: str, drafts, summaries: dict[str, Summary], categories, costs, num_prompts: int
+  config,
+  model: str,
+  drafts,
+  summaries: dict[str, Summary],
+  categories,
+  costs,
+  num_prompts: int,
+  records=None,
 ) -> dict:
-  """results.json's content: the run's settings, per-method summaries, costs, provenance."""
+  """results.json's content: the run's settings, per-method summaries, costs, provenance
+  (`records`, {method: records}, give the best-gamma advice per-position acceptance)."""
   return {
     'model': model,
     'drafts': drafts,
@@ -67,7 +75,7 @@ def results(
     'num_prompts': num_prompts,
     'methods': {name: m.to_json() for name, m in summaries.items()},
     'costs': {spec: c.to_json() for spec, c in costs.items()},
-    'best_gamma': metrics.best_gamma_per_category(summaries, costs, categories),
+    'best_gamma': metrics.best_gamma_per_category(summaries, costs, categories, records),
     'provenance': provenance.provenance(),
   }
 

@@ -5,8 +5,10 @@ missing fields included, with the closest known names), every draft spec, method
 verifier and sampling setting, before any model loads or any cost is measured; each
 error is one line naming the field, the value and what was expected.
 
-Methods are named 'autoregressive', '<draft>@<gamma>' (a fixed draft length) or
-'<draft>@adaptive'; `build_methods` expands config.drafts x config.gammas (and adaptive).
+Methods are named 'autoregressive', '<draft>@<gamma>' (a fixed draft length),
+'<draft>@adaptive' or '<draft>@<tree>' (a token tree: 'dynamic:16-6-4' or a static shape
+such as '4x2x1x1'; specjax/core/tree.py); `build_methods` expands config.drafts x
+(config.gammas, adaptive, config.trees).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ml_collections
 
 from specjax import config_lib, registry
 from specjax.checkpoints import loader
+from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
 
 # Every field of a run config (configs/smollm2.py), with what it holds.
@@ -39,6 +42,7 @@ FIELDS = {
   'verifier': f'one of {list(registry.VERIFIERS.names)}',
   'gammas': 'fixed draft lengths',
   'adaptive_gammas': 'draft lengths adaptive control chooses from (with 0)',
+  'trees': 'token trees every draft also runs (dynamic:SIZE-DEPTH-WIDTH, or a shape like 4x2x1)',
   'methods': 'a comma-separated subset of the methods, or others in the same syntax',
   'measure_costs': 'time draft and verify steps before decoding',
 }
@@ -88,6 +92,11 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
       values,
       'draft lengths, each an integer >= 1',
     )
+  for text in tuple(c.get('trees', ())):
+    try:
+      tree_lib.parse_tree(text)
+    except ValueError as e:
+      raise ValueError(f'config.trees: {e}') from None
   config_lib.check(
     c.verifier in registry.VERIFIERS, 'verifier', c.verifier, f'one of {registry.VERIFIERS.names}'
   )
@@ -118,12 +127,18 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
 
 @dataclasses.dataclass(frozen=True)
 class MethodName:
-  """A method as a run names it: 'autoregressive', '<draft>@<gamma>' or '<draft>@adaptive'."""
+  """A method as a run names it: 'autoregressive', '<draft>@<gamma>', '<draft>@adaptive' or
+  '<draft>@<tree>' (`tree` its text; gamma 0 then)."""
 
   name: str
   draft: str = ''
   gamma: int = 0
   adaptive: bool = False
+  tree: str = ''
+
+  @property
+  def tree_spec(self) -> tree_lib.TreeSpec | None:
+    return tree_lib.parse_tree(self.tree) if self.tree else None
 
 
 AUTOREGRESSIVE = MethodName('autoregressive')
@@ -134,13 +149,20 @@ def parse_method(text: str) -> MethodName:
   if text == 'autoregressive':
     return AUTOREGRESSIVE
   draft, at, setting = text.rpartition('@')
-  if not at or not draft or not (setting == 'adaptive' or setting.isdigit()):
-    raise ValueError(
-      f'unknown method {text!r}: expected "autoregressive", "<draft>@<gamma>" or '
-      f'"<draft>@adaptive", with a draft one of: {", ".join(registry.DRAFTS.names)}'
-    )
+  usage = (
+    f'expected "autoregressive", "<draft>@<gamma>", "<draft>@adaptive" or "<draft>@<tree>" '
+    f'(a tree: {tree_lib.TREE_USAGE}), with a draft one of: {", ".join(registry.DRAFTS.names)}'
+  )
+  if not at or not draft:
+    raise ValueError(f'unknown method {text!r}: {usage}')
   if setting == 'adaptive':
     return MethodName(text, draft, 0, True)
+  if not setting.isdigit():
+    try:
+      tree_lib.parse_tree(setting)
+    except ValueError:
+      raise ValueError(f'unknown method {text!r}: {usage}') from None
+    return MethodName(text, draft, 0, False, setting)
   gamma = int(setting)
   config_lib.check(gamma >= 1, 'methods', text, 'a draft length >= 1 after the @')
   return MethodName(text, draft, gamma)
@@ -158,6 +180,7 @@ def build_methods(config) -> list[MethodName]:
     declared += [MethodName(f'{spec}@{g}', spec, g) for g in config.gammas]
     if config.adaptive_gammas:
       declared.append(MethodName(f'{spec}@adaptive', spec, 0, True))
+    declared += [MethodName(f'{spec}@{t}', spec, 0, False, t) for t in config.get('trees', ())]
   if not config.methods:
     return declared
   known = {m.name: m for m in declared}

@@ -123,6 +123,7 @@ def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive,
         gamma=m.gamma,
         verifier=config.verifier,
         adaptive=adaptive.get(m.name),
+        tree=m.tree_spec,
       )
       compile_seconds[m.name] += out.compile_seconds
       for row, j in enumerate(batch):
@@ -158,6 +159,13 @@ def main(
     f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
   )
   engines = build_engines(config, model, methods)
+  sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
+  for m in methods:  # a drafter that cannot draft a tree says so before any decoding
+    if m.tree:
+      try:
+        engines[m.draft].method(verifier=config.verifier, sampling=sampling, tree=m.tree_spec)
+      except ValueError as e:
+        raise ValueError(f'method {m.name}: {e}') from None
   drafts = {spec: e.drafter.name for spec, e in engines.items() if spec}
   for spec, name in drafts.items():
     untrained = '  (an untrained stand-in: expect low acceptance)' if 'untrained' in name else ''
@@ -180,7 +188,7 @@ def main(
   records, compile_seconds = decode_all(
     config, engines, methods, workload, encoded, model.tokenizer, adaptive, say
   )
-  plans = {m.name: (m.draft, m.gamma, m.adaptive) for m in methods}
+  plans = {m.name: (m.draft, m.gamma, m.adaptive, m.tree) for m in methods}
   summaries, categories = metrics.summarize(records, compile_seconds, plans, costs)
   if config.temperature == 0:
     for name, m in summaries.items():
@@ -188,7 +196,7 @@ def main(
         engines[''], encoded, records[name], records['autoregressive']
       )
   summary = report.results(
-    config, model.source, drafts, summaries, categories, costs, len(workload)
+    config, model.source, drafts, summaries, categories, costs, len(workload), records
   )
   report.write_results(out_dir, config, records, summary)
   if config.prompt or (verbose and len(workload) <= 4):

@@ -41,6 +41,25 @@ def test_predictions_and_best_gamma():
   assert np.isnan(cost_model.break_even_alpha(1, 2.0, 1.0))
 
 
+def test_position_acceptance_is_exact_on_bimodal_runs():
+  """Prompt lookup keeps a copied span whole or fails at once: a geometric alpha gets the
+  mean wrong, the per-position estimate gets it right, and extends to other gammas."""
+  rng = np.random.default_rng(1)
+  runs = np.where(rng.random(4000) < 0.4, 0, 12)  # 0 or every token of an unbounded draft
+  for gamma in (4, 8):
+    pairs = [(min(r, gamma), gamma) for r in runs]
+    measured = np.mean([a + 1 for a, _ in pairs])
+    accept = cost_model.position_acceptance(pairs, gamma)
+    assert cost_model.expected_tokens_by_position(accept, gamma) == pytest.approx(measured)
+    alpha = sum(a for a, _ in pairs) / (sum(a for a, _ in pairs) + sum(a < d for a, d in pairs))
+    assert cost_model.expected_tokens(alpha, gamma) > 1.08 * measured  # over-predicts
+  # From gamma 4's iterations, gamma 8 is predicted by extending the last position.
+  accept4 = cost_model.position_acceptance([(min(r, 4), 4) for r in runs], 8)
+  assert np.isnan(accept4[4:]).all()
+  want = np.mean([min(r, 8) + 1 for r in runs])
+  assert cost_model.expected_tokens_by_position(accept4, 8) == pytest.approx(want, rel=0.01)
+
+
 def test_measured_costs_on_a_tiny_model():
   cfg, params = testing.tiny_model(seed=3, n_layers=4)
   draft_cfg, draft = truncated_target(cfg, params, 1)
@@ -52,7 +71,46 @@ def test_measured_costs_on_a_tiny_model():
   assert c.draft_ms[4] > c.draft_ms[1] > 0  # four draft forwards cost more than one
   assert c.units(0) == (0.0, 1.0) and c.table()[4] == c.units(4)
   assert c.c == pytest.approx(c.draft_ms[4] / 4 / c.target_ms)
+  from specjax.core import tree as tree_lib
+
+  tree = tree_lib.TreeSpec(tree_lib.parse_shape('2x2'))
+  run = costs.timer_propose(engine.drafter, draft, params, cfg, 1, 0, 128, tree=tree, inner=2)
+  assert run() > 0
   lookup = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
   assert costs.measure(lookup, batch=1, cache_size=128, gammas=(2,), repeats=2).draft_ms[2] > 0
   with pytest.raises(ValueError, match='needs an engine with a drafter'):
     costs.measure(Engine(params, cfg, eos_id=-1, cache_size=128), 1, 128, (1,))
+
+
+def test_rank_acceptance_recovers_the_depth_rank_model():
+  """Simulated greedy tree iterations on a static shape: the target's token is the draft's
+  rank-r child with probability accept[d, r]; the estimate recovers it, and the shape's
+  expected accepted tokens match the simulation's mean."""
+  from specjax.core import tree as tree_lib
+
+  truth = np.array([[0.6, 0.2, 0.1], [0.7, 0.15, 0.05], [0.8, 0.1, 0.0]])
+  shape = tree_lib.parse_shape('3x2x1')
+  rng = np.random.default_rng(0)
+  stops, depths = [], []
+  for _ in range(20000):
+    node = ()
+    while True:
+      d = len(node)
+      width = sum(1 for p in shape.paths if p[:-1] == node)
+      if d >= shape.depth or not width:
+        break
+      r = rng.choice(4, p=[*truth[d], 1 - truth[d].sum()])
+      if r >= width:
+        break
+      node = node + (int(r),)
+    stops.append(shape.paths.index(node) + 1 if node else 0)
+    depths.append(len(node))
+  accept, trials = cost_model.rank_acceptance(shape, stops)
+  assert trials[0, 0] == 20000 and np.isnan(accept[2, 1])  # depth 3 has one child each
+  np.testing.assert_allclose(accept[:2, :2], truth[:2, :2], atol=0.02)
+  assert shape.expected_accepted(cost_model.fill_acceptance(accept)) == pytest.approx(
+    np.mean(depths), rel=0.02
+  )
+  assert cost_model.tree_speedup(shape, truth, 0.5, 1.5) == pytest.approx(
+    (shape.expected_accepted(truth) + 1) / 2.0
+  )

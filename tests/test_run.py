@@ -91,6 +91,10 @@ def test_tiny_prompt_set_writes_results(tmp_path):
       "unknown method 'sometimes'.*declares: autoregressive, ngram@4, ngram@adaptive",
     ),
     ('methods', 'ngram@0', 'a draft length >= 1'),
+    ('methods', 'ngram@tall', "unknown method 'ngram@tall'.*dynamic:SIZE-DEPTH-WIDTH"),
+    ('trees', ('4x0',), "config.trees: tree '4x0': expected 'dynamic:SIZE-DEPTH-WIDTH'"),
+    ('methods', 'ngram@2x2', 'method ngram@2x2: .*builds tries of continuations'),
+    ('methods', 'truncated:1@dynamic:9-2-2', 'has 6 candidates, fewer than its size 9'),
     ('methods', 'bogus@2', "unknown draft 'bogus'"),
   ],
 )
@@ -243,8 +247,25 @@ def test_command_line_overrides_and_errors(tmp_path):
     'adaptive_gammas? '
     '(known: adaptive_gammas, batch_size, cache_size, drafts, dtype, gammas, max_new_tokens, '
     'measure_costs, mesh, methods, model, num_prompts, prompt, prompts, seed, temperature, '
-    'top_k, top_p, verifier)'
+    'top_k, top_p, trees, verifier)'
   ]
+
+
+def test_tree_methods_run_through_the_harness(tmp_path):
+  config = tiny_config(
+    num_prompts=2,
+    trees=('dynamic:6-3-2',),
+    methods='truncated:1@dynamic:6-3-2,ngram@dynamic:6-3-2,truncated:1@2x2x1',
+    adaptive_gammas=(),
+  )
+  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  for name in ('truncated:1@dynamic:6-3-2', 'ngram@dynamic:6-3-2', 'truncated:1@2x2x1'):
+    m = summary['methods'][name]
+    assert m['greedy_mismatches'] == 0 and m['tree'] == name.split('@')[1], name
+    assert m['tokens_per_call'] >= 1 and m['alpha'] is None
+  records = [json.loads(l) for l in (tmp_path / 'generations.jsonl').read_text().splitlines()]
+  tree = [r for r in records if r['method'] == 'truncated:1@2x2x1']
+  assert tree and all(d == 10 for r in tree for d in r['drafted'])  # nodes verified
 
 
 def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):

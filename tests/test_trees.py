@@ -105,6 +105,19 @@ def test_a_perfect_draft_accepts_the_whole_depth(target):
       assert set(acc[:-1]) == {spec.max_depth}, acc
 
 
+def test_tree_iterations_record_their_stopping_node(target):
+  engine = model_engine(target, truncated_target(*target, 1))
+  spec = TREES['static uneven']
+  out = engine.generate(PROMPTS, 24, tree=spec)
+  depth = [0] + [len(p) for p in spec.shape.paths]
+  for stops, accepted, drafted in zip(out.stops, out.accepted, out.drafted):
+    assert len(stops) == len(accepted) == len(drafted)
+    assert [depth[s] for s in stops] == accepted
+    assert set(drafted) == {spec.nodes}
+  assert any(s > 0 for row in out.stops for s in row)
+  assert engine.generate(PROMPTS, 8, gamma=2).stops == []  # chains record none
+
+
 def test_tree_rows_stop_at_their_eos(target):
   cfg, params = target
   reference = model_engine(target, target).generate(PROMPTS, 24).tokens
@@ -155,11 +168,14 @@ def test_lookup_trie_merges_shared_prefixes():
 
   conts = jnp.asarray([[[5, 6, 7], [5, 6, 8], [5, 9, 1], [2, 3, 4]]])
   valid = jnp.asarray([[[1, 1, 1], [1, 1, 1], [1, 1, 0], [0, 0, 0]]], bool)
-  draft = ngram.trie(conts, valid, 8)
-  assert np.asarray(draft.tokens)[0].tolist() == [5, 6, 9, 7, 8, 0, 0, 0]
-  assert np.asarray(draft.parents)[0].tolist() == [0, 1, 1, 2, 2, -1, -1, -1]
-  cut = ngram.trie(conts, valid, 2)  # the shallowest nodes are kept
-  assert np.asarray(cut.parents)[0].tolist() == [0, 1]
+  draft = ngram.trie(conts, valid, 8)  # the best continuation whole, then what others add
+  assert np.asarray(draft.tokens)[0].tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
+  assert np.asarray(draft.parents)[0].tolist() == [0, 1, 2, 2, 1, -1, -1, -1]
+  shallow = ngram.trie(conts, valid, 8, rank_major=False)
+  assert np.asarray(shallow.tokens)[0].tolist() == [5, 6, 9, 7, 8, 0, 0, 0]
+  assert np.asarray(shallow.parents)[0].tolist() == [0, 1, 1, 2, 2, -1, -1, -1]
+  assert np.asarray(ngram.trie(conts, valid, 3).parents)[0].tolist() == [0, 1, 2]
+  assert np.asarray(ngram.trie(conts, valid, 3, False).parents)[0].tolist() == [0, 1, 1]
 
 
 def test_lookup_finds_the_best_earlier_matches():

@@ -79,12 +79,16 @@ def timer_propose(
   cache_size: int,
   sampling: SamplingConfig = SamplingConfig(),
   inner: int = 8,
+  tree=None,
 ):
-  """A timer of one `drafter.propose` of gamma tokens, on a state after a short prompt."""
+  """A timer of one `drafter.propose` of gamma tokens (with `tree`, a TreeSpec: one
+  `propose_tree`, gamma ignored), on a state after a short prompt."""
   prompt_len = min(32, cache_size // 4)
   prompt = (jnp.arange(batch * prompt_len).reshape(batch, prompt_len) * 7919) % cfg.vocab_size
   lens = jnp.full((batch,), prompt_len, jnp.int32)
-  method = loop.Method(gamma=gamma, drafter=drafter)
+  if tree is not None:
+    gamma = tree.max_depth
+  method = loop.Method(gamma=gamma, drafter=drafter, tree=tree)
   params = {'target': target_params, 'draft': draft_params}
   state = jax.jit(
     prefill_lib.prefill,
@@ -106,9 +110,12 @@ def timer_propose(
   def many(draft_params, draft_state, state):
     def body(i, acc):
       moved = state.replace(tokens=(state.tokens + i) % cfg.vocab_size)
-      tokens, q, _ = drafter.propose(
-        draft_params, draft_state, moved, jax.random.fold_in(state.key, i), gamma, sampling
-      )
+      key = jax.random.fold_in(state.key, i)
+      if tree is not None:
+        draft, _ = drafter.propose_tree(draft_params, draft_state, moved, key, tree, sampling)
+        tokens, q = draft.tokens, draft.q
+      else:
+        tokens, q, _ = drafter.propose(draft_params, draft_state, moved, key, gamma, sampling)
       return acc + tokens[:, -1] + (0 if q is None else q[:, -1, 0] > 0.5)  # keep q live
 
     return jax.lax.fori_loop(0, inner, body, jnp.zeros((batch,), jnp.int32))

@@ -74,6 +74,77 @@ def expected_tokens(alpha, gamma, xp=np):
   return xp.where(near_one, gamma + 1.0, (1 - safe ** (gamma + 1)) / (1 - safe))
 
 
+def position_acceptance(pairs, max_gamma: int) -> np.ndarray:
+  """Per-position acceptance [max_gamma] from (accepted, drafted) per iteration.
+
+  a_k = P(draft token k accepted | tokens 1..k-1 were, and token k was drafted): the
+  product-limit estimate of the run of accepted tokens, with no assumption on its shape
+  (prompt lookup's runs are bimodal: a copied span is kept whole, a miss fails at once,
+  which a single geometric alpha turns into the wrong mean). nan where never tried.
+  """
+  pairs = np.asarray(list(pairs), np.int64).reshape(-1, 2)
+  k = np.arange(1, max_gamma + 1)[None]
+  acc, drafted = pairs[:, :1], pairs[:, 1:]
+  trials = np.sum((drafted >= k) & (acc >= k - 1), axis=0)
+  kept = np.sum((drafted >= k) & (acc >= k), axis=0)
+  return np.where(trials > 0, kept / np.maximum(trials, 1), np.nan)
+
+
+def expected_tokens_by_position(accept, gamma: int, fallback: float = 0.0) -> float:
+  """Mean tokens emitted per iteration of `gamma` draft tokens, 1 + sum_k prod_{j<=k} a_j,
+  from per-position acceptance `accept` (position_acceptance); positions past its end or
+  never tried take the last measured one (`fallback` if none was)."""
+  accept = np.asarray(accept, np.float64)
+  known = accept[~np.isnan(accept)]
+  last = float(known[-1]) if known.size else fallback
+  a = np.array(
+    [accept[i] if i < accept.size and not np.isnan(accept[i]) else last for i in range(gamma)]
+  )
+  return float(1.0 + np.sum(np.cumprod(a)))
+
+
+def rank_acceptance(shape, stops, max_rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(accept[D, R], trials[D, R]) from tree iterations with a static `shape` (TreeShape).
+
+  `stops` are the nodes those iterations stopped at (0: the root). A stop means every
+  node on its path was accepted and all of the stopping node's children rejected, so each
+  node visited is a trial of every child rank it has: accept[d, r] = P(the child of rank
+  r is the one accepted | its parent at depth d was reached and has one). For a greedy
+  target these are the chances that the target's token is the draft's r-th best: the
+  depth/rank model of Sequoia (Chen et al. 2024). nan where never tried.
+  """
+  ranks = max_rank or 1 + max(shape.ranks)
+  kids = {}
+  for p in shape.paths:
+    kids[p[:-1]] = max(kids.get(p[:-1], 0), p[-1] + 1)
+  hits = np.zeros((shape.depth, ranks))
+  trials = np.zeros((shape.depth, ranks))
+  for stop in stops:
+    path = shape.paths[stop - 1] if stop > 0 else ()
+    for d in range(min(len(path) + 1, shape.depth)):  # the nodes visited, root first
+      trials[d, : min(kids.get(path[:d], 0), ranks)] += 1
+      if d < len(path):
+        hits[d, path[d]] += 1
+  with np.errstate(invalid='ignore', divide='ignore'):
+    return np.where(trials > 0, hits / trials, np.nan), trials
+
+
+def fill_acceptance(accept: np.ndarray) -> np.ndarray:
+  """accept[D, R] with untried cells filled: from the depth above (or 0 for a rank never
+  tried at any depth), then made non-increasing along ranks (the builder's assumption)."""
+  a = np.array(accept, np.float64)
+  for d in range(a.shape[0]):
+    for r in range(a.shape[1]):
+      if np.isnan(a[d, r]):
+        a[d, r] = a[d - 1, r] if d > 0 and not np.isnan(a[d - 1, r]) else 0.0
+  return np.minimum.accumulate(np.clip(a, 0.0, 1.0), axis=1)
+
+
+def tree_speedup(shape, accept, draft_cost: float, verify_cost: float) -> float:
+  """Predicted speedup of a static tree: (expected accepted + 1) / its cost in steps."""
+  return (shape.expected_accepted(accept) + 1.0) / (draft_cost + verify_cost)
+
+
 def speedup(tokens, draft_cost, verify_cost):
   """Tokens per iteration over its cost in target steps: the one speedup formula."""
   return tokens / (draft_cost + verify_cost)

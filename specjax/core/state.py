@@ -38,6 +38,9 @@ class SpecState:
   drafted: jax.Array  # [B, O] int32 tokens drafted per iteration (0: a plain step); -1 past
   draft: Any = None  # the drafter's own state (its type is the drafter's; None without one)
   control: Any = None  # specjax.control.adaptive.ControlState under adaptive control
+  # Tree methods: [B, O] int32 the tree node each iteration stopped at (0: the root, or a
+  # plain step), -1 past the last; None otherwise.
+  stops: jax.Array | None = None
 
 
 @struct.dataclass

@@ -41,6 +41,8 @@ class GenerationOutput:
   gamma: int = 0  # the largest draft length (adaptive methods choose per iteration)
   compile_seconds: float = 0.0  # first call for this shape (compile + a 1-token warm-up run)
   switches: int = 0  # adaptive control: changes of draft length during this batch
+  stops: list[list[int]] = dataclasses.field(default_factory=list)  # tree methods: the node
+  # each iteration stopped at, per row (0: the root or a plain step)
 
   @property
   def num_generated(self) -> int:
@@ -307,13 +309,14 @@ class Engine:
     state = self._decode(
       params, state, cfg=self.cfg, method=method, sampling=sampling, eos_id=self.eos_id
     )
-    out_tokens, counts, steps, accepted, drafted = jax.device_get(
+    out_tokens, counts, steps, accepted, drafted, stops = jax.device_get(
       (
         state.tokens,
         state.num_generated,
         state.step,
         state.spec.accepted,
         state.spec.drafted,
+        state.spec.stops,
       )
     )
     end = time.perf_counter()
@@ -330,6 +333,7 @@ class Engine:
       decode_seconds=end - mid,
       steps=int(steps),
       accepted=[row[row >= 0].tolist() for row in accepted],
+      stops=[] if stops is None else [s[a >= 0].tolist() for s, a in zip(stops, accepted)],
       drafted=[row[row >= 0].tolist() for row in drafted],
       gamma=method.gamma,
       switches=switches,

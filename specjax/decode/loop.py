@@ -111,17 +111,23 @@ def _finish(
   eos_id: int,
   counted=True,
   features=None,
+  stop=None,
 ) -> DecodeState:
   """Records the iteration, commits its tokens and rolls the drafter back.
 
   `counted` False (a traced bool) leaves the iteration count as it was. `features` are
-  the target's captured features of this iteration's forward (feature drafters).
+  the target's captured features of this iteration's forward (feature drafters). `stop`
+  is a tree iteration's stopping node (tree methods record 0 for plain steps).
   """
   start = state.cache.lengths
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
   spec = state.spec.replace(
     accepted=record(state.spec.accepted, accepted), drafted=record(state.spec.drafted, drafted)
   )
+  if spec.stops is not None:
+    spec = spec.replace(
+      stops=record(spec.stops, jnp.zeros_like(accepted) if stop is None else stop)
+    )
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
   state = commit(state, new_tokens, accepted + 1, eos_id)
   if method.gamma:
@@ -285,6 +291,7 @@ def _tree_round(
     eos_id=eos_id,
     counted=counted,
     features=feats,
+    stop=jnp.take_along_axis(path, accepted[:, None], axis=1)[:, 0],
   )
 
 

@@ -77,5 +77,6 @@ def prefill(
     drafted=history,
     draft=draft_state,
     control=control if method.adaptive is not None else None,
+    stops=history if method.tree is not None else None,
   )
   return state.replace(spec=spec)

@@ -72,18 +72,24 @@ def recent_matches(ctx: jax.Array, length: jax.Array, n_min: int, n_max: int, k:
   return jnp.where(best >= 0, best % s, -1)
 
 
-def trie(continuations: jax.Array, valid: jax.Array, size: int) -> tree_lib.TreeDraft:
+def trie(
+  continuations: jax.Array, valid: jax.Array, size: int, rank_major: bool = True
+) -> tree_lib.TreeDraft:
   """A token trie of `size` nodes from continuations[B, M, D] (valid[B, M, D]: a prefix
-  of each), in rank order: equal prefixes share nodes, the first continuation's child
-  comes first, and nodes are numbered by (depth, rank), so when the trie has more than
-  `size` nodes the shallowest are kept (a kept node's parent always is)."""
+  of each), in rank order: equal prefixes share nodes and the first continuation's child
+  comes first. When the trie has more than `size` nodes, `rank_major` keeps the best
+  continuation whole, then what the next ones add where they diverge from it, and so on
+  (nodes numbered by (rank, depth)); otherwise the shallowest nodes (by (depth, rank)).
+  Either way a kept node's parent is kept and numbered before it."""
   b, m, d = continuations.shape
   valid = jnp.cumprod(valid.astype(jnp.int32), axis=2) > 0
   equal = continuations[:, :, None, :] == continuations[:, None, :, :]  # [B, M, M', D]
   same = (jnp.cumprod(equal.astype(jnp.int32), axis=3) > 0) & valid[:, :, None] & valid[:, None]
   first = jnp.argmax(same, axis=2)  # [B, M, D] the first continuation sharing the prefix
   is_node = valid & (first == jnp.arange(m)[None, :, None])
-  key = jnp.where(is_node, jnp.arange(d)[None, None, :] * m + jnp.arange(m)[None, :, None], m * d)
+  depth_ids, rank_ids = jnp.arange(d)[None, None, :], jnp.arange(m)[None, :, None]
+  order_key = rank_ids * d + depth_ids if rank_major else depth_ids * m + rank_ids
+  key = jnp.where(is_node, order_key, m * d)
   order = jnp.argsort(key.reshape(b, m * d), axis=1)[:, :size]  # flat (rank, depth) ids
   kept = jnp.take_along_axis(key.reshape(b, m * d), order, axis=1) < m * d
   rows = jnp.arange(b)[:, None]
