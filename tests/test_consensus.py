@@ -133,6 +133,21 @@ def test_consensus_greedy_equals_target_greedy(target, verifier):
     assert sum(map(sum, out.drafted)) > 0
 
 
+def test_consensus_tries_keep_greedy_identity(target):
+  from specjax.core import tree as tree_lib
+
+  engine = consensus_engine(target, group=4, k=2)
+  prompts = [[3, 1, 4, 1, 5] * 3] * 4 + [[9, 2, 6, 5, 3, 5], [9, 2], [9, 2, 6], [7, 7, 7]]
+  reference = engine.generate(prompts, 30).tokens
+  for spec in (
+    tree_lib.TreeSpec(size=8, depth=4, width=3),
+    tree_lib.TreeSpec(size=4, depth=4, width=5),
+  ):
+    out = engine.generate(prompts, 30, tree=spec)
+    assert out.tokens == reference, spec
+    assert sum(map(sum, out.accepted)) > 0
+
+
 def test_consensus_on_a_looping_target_accepts_everything():
   # Every row counts up from its own start: row 1 is ahead of row 0 on the same count,
   # so row 0 can copy what row 1 already wrote.
@@ -207,6 +222,19 @@ def test_consensus_sampling_matches_the_target(small_vocab, gamma, verifier, pro
   p1 = np.bincount(samples[:, 0], minlength=VOCAB) / N
   same = np.mean(samples[0::2, 0] == samples[1::2, 0])
   assert abs(same - (p1**2).sum()) < 4 * np.sqrt((p1**2).sum() / (N // 2))
+
+
+def test_consensus_trie_sampling_matches_the_target(small_vocab):
+  from specjax.core import tree as tree_lib
+
+  cfg, params = small_vocab
+  drafter = ConsensusDrafter(VOCAB, group=8, k=2, max_mismatches=1, n_max=1)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=24, drafter=drafter)
+  sampling = SamplingConfig(temperature=1.0)
+  spec = tree_lib.TreeSpec(size=6, depth=3, width=3)
+  out = engine.generate([PROMPT] * N, NEW, sampling, seed=1, tree=spec)
+  assert sum(map(sum, out.accepted)) > 0.2 * N
+  assert chi_square_pvalue(np.array(out.tokens), exact_continuations(*small_vocab, sampling)) > 1e-3
 
 
 def always_accept(p, q, draft, key):

@@ -37,6 +37,7 @@ flags.DEFINE_string('methods', 'chain:4,chain:8,dynamic:16-6-4', 'Comma-separate
 flags.DEFINE_string('prompts', 'humaneval', 'A prompt set (specjax.data.prompts).')
 flags.DEFINE_integer('num_prompts', 10, 'How many prompts of the set.')
 flags.DEFINE_integer('skip', 0, 'Prompts skipped at the start of the set (held-out slices).')
+flags.DEFINE_integer('every', 1, 'Take every k-th prompt (mtbench with 10: one per category).')
 flags.DEFINE_integer('max_new', 256, 'Tokens generated per prompt (EOS ends a row earlier).')
 flags.DEFINE_float('temperature', 0.0, 'Sampling temperature (0: greedy).')
 flags.DEFINE_integer('batch', 1, 'Rows per batch.')
@@ -82,7 +83,7 @@ def main(argv):
     draft_params=draft_params,
   )
   sampling = SamplingConfig(temperature=FLAGS.temperature)
-  chosen = prompts_lib.load_prompts(FLAGS.prompts)[FLAGS.skip : FLAGS.skip + FLAGS.num_prompts]
+  chosen = prompts_lib.load_prompts(FLAGS.prompts)[FLAGS.skip :: FLAGS.every][: FLAGS.num_prompts]
   prompts = [target.tokenizer.encode_chat(p.text) for p in chosen]
   for kind, arg in methods.values():  # bad settings fail before any decoding
     if kind == 'tree':

@@ -1,12 +1,15 @@
 """Adaptive draft length: pick gamma every iteration, 0 (plain decoding) included.
 
-The controller keeps exponentially decayed counts of draft-token successes and
-failures. An iteration that drafted gamma tokens and kept k of them is k successes and,
-if k < gamma, one failure: under the cost model's geometric acceptance that makes
-successes / (successes + failures) the maximum-likelihood acceptance rate alpha. With a
-Beta prior (mean `prior_alpha`, weight `prior_weight` pseudo-observations) the estimate
-is the posterior mean. Each iteration the controller predicts the speedup of every
-compiled gamma from that alpha and the measured costs (`specjax/control/cost_model.py`)
+The controller keeps exponentially decayed counts of draft-token successes and failures
+per draft position: an iteration that drafted gamma tokens and kept k of them is a
+success at positions 1..k and, if k < gamma, a failure at position k + 1 (later
+positions were not tried). Each position's acceptance is a posterior mean shrunk toward
+the pooled rate (successes / (successes + failures) over all positions, itself with a
+Beta prior of mean `prior_alpha` and weight `prior_weight`), so positions never tried
+take the pooled rate. The expected tokens of a gamma are then 1 + sum_k prod_{j<=k} a_j:
+no geometric assumption, so prompt lookup's bimodal runs (a copied span kept whole, or a
+miss at once) are predicted right. Each iteration the controller predicts the speedup of
+every compiled gamma from those and the measured costs (`specjax/control/cost_model.py`)
 and moves to the best one only when it beats the current choice by a factor
 1 + `hysteresis`: speculation turns off when the best draft length no longer pays by
 that margin, and back on only when one pays by it, so estimates hovering near
@@ -104,8 +107,8 @@ class AdaptiveConfig:
 
 @struct.dataclass
 class ControlState:
-  successes: jax.Array  # [] float32, decayed
-  failures: jax.Array  # [] float32, decayed
+  successes: jax.Array  # [G] float32 per draft position (G = max gamma), decayed
+  failures: jax.Array  # [G] float32, decayed
   choice: jax.Array  # [] int32 index into config.choices: the current setting
   since_probe: jax.Array  # [] int32 plain steps since the last speculative iteration
   wait: jax.Array  # [] int32 plain steps before the next probe
@@ -113,16 +116,24 @@ class ControlState:
   toggles: jax.Array  # [] int32 of which between off (gamma 0) and on
 
 
+def pooled_alpha(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
+  """Posterior mean acceptance over every position (the geometric model's alpha)."""
+  s, f = jnp.sum(ctrl.successes), jnp.sum(ctrl.failures)
+  return (s + config.prior_alpha * config.prior_weight) / (s + f + config.prior_weight)
+
+
 def alpha(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
-  """Posterior mean acceptance rate."""
-  a = ctrl.successes + config.prior_alpha * config.prior_weight
-  return a / (ctrl.successes + ctrl.failures + config.prior_weight)
+  """[G] posterior mean acceptance per draft position, shrunk toward the pooled rate."""
+  pooled = pooled_alpha(config, ctrl)
+  w = config.prior_weight
+  return (ctrl.successes + pooled * w) / (ctrl.successes + ctrl.failures + w)
 
 
 def predicted(config: AdaptiveConfig, a: jax.Array) -> jax.Array:
-  """Predicted speedup per choice (choice 0, plain decoding, is 1)."""
-  g = jnp.asarray(config.gammas, jnp.float32)
-  tokens = cost_model.expected_tokens(a, g, xp=jnp)
+  """Predicted speedup per choice (choice 0, plain decoding, is 1) from per-position
+  acceptance a[G]."""
+  runs = 1.0 + jnp.cumsum(jnp.cumprod(a))  # expected tokens of gamma = 1..G
+  tokens = runs[jnp.asarray(config.gammas) - 1]
   draft, verify = jnp.asarray(config.draft_cost), jnp.asarray(config.verify_cost)
   return jnp.concatenate([jnp.ones((1,)), cost_model.speedup(tokens, draft, verify)])
 
@@ -136,10 +147,10 @@ def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Arra
 
 
 def init(config: AdaptiveConfig) -> ControlState:
-  zero = jnp.zeros((), jnp.float32)
+  zeros = jnp.zeros((max(config.gammas),), jnp.float32)
   ctrl = ControlState(
-    successes=zero,
-    failures=zero,
+    successes=zeros,
+    failures=zeros,
     choice=jnp.zeros((), jnp.int32),
     since_probe=jnp.zeros((), jnp.int32),
     wait=jnp.asarray(config.probe_every, jnp.int32),
@@ -169,14 +180,18 @@ def update(
   """Folds in one iteration (per-row accepted/drafted; drafted 0 = no draft) and re-decides."""
   tried = drafted > 0
   observed = jnp.any(tried)
-  s = jnp.sum(jnp.where(tried, accepted, 0)).astype(jnp.float32)
-  f = jnp.sum(tried & (accepted < drafted)).astype(jnp.float32)
+  k = jnp.arange(1, max(config.gammas) + 1)[None]  # draft positions
+  at = tried[:, None] & (drafted[:, None] >= k) & (accepted[:, None] >= k - 1)  # [B, G] tried
+  kept = at & (accepted[:, None] >= k)
+  s_k = jnp.sum(kept, axis=0).astype(jnp.float32)
+  f_k = jnp.sum(at & ~kept, axis=0).astype(jnp.float32)
+  s, f = jnp.sum(s_k), jnp.sum(f_k)
   # Evidence ages with time, not only with observations: after a gap of plain steps a
   # probe weighs more against the stale counts.
   age = 1.0 + ctrl.since_probe.astype(jnp.float32) / config.probe_every
   decay = jnp.where(observed, config.decay**age, 1.0)
-  successes = decay * ctrl.successes + s
-  failures = decay * ctrl.failures + f
+  successes = decay * ctrl.successes + s_k
+  failures = decay * ctrl.failures + f_k
   ctrl = ctrl.replace(
     successes=successes, failures=failures, since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0)
   )

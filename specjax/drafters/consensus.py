@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.core.contract import DraftKind
-from specjax.drafters.ngram import LookupDrafter, context, lookup
+from specjax.drafters.ngram import LookupDrafter, context, lookup, trie
 
 
 def group_candidates(
@@ -250,6 +250,20 @@ class ConsensusDrafter(LookupDrafter):
       return tokens, q, draft_state.replace(found=supported[:, 0])
     tokens, supported = heaviest_path(cand, valid, weight)
     return self.deterministic(tokens, supported[:, 0], draft_state)
+
+  def propose_tree(self, params, draft_state, state, key, spec, sampling):
+    """A trie of the candidate continuations: the heaviest path whole, then the other
+    candidates by support, `spec.width` in all (deterministic, q one-hot: lossless at any
+    temperature), `spec.size` nodes, `spec.depth` tokens deep."""
+    ctx, length = context(draft_state, state)
+    cand, valid, weight = self.candidates(ctx, length, state.prompt_lens, spec.depth)
+    path, supported = heaviest_path(cand, valid, weight)
+    order = jnp.argsort(-weight, axis=1)[:, : max(spec.width - 1, 0)]
+    take = lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), 1)
+    conts = jnp.concatenate([path[:, None], take(cand)], 1)
+    live = take(valid) & (take(weight) > 0)[..., None]
+    draft = trie(conts, jnp.concatenate([supported[:, None], live], 1), spec.size)
+    return draft, draft_state.replace(found=jnp.any(draft.parents >= 0, axis=1))
 
 
 CONSENSUS_USAGE = 'consensus:<N>[,k=<int>,m=<int>,n=<int>,w=<float>,q=mode|sample]'

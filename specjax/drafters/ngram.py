@@ -142,6 +142,18 @@ class LookupDrafter(Drafter):
   def has_proposals(self, draft_state) -> jax.Array:
     return jnp.any(draft_state.found)
 
+  def check_tree(self, spec) -> None:
+    if spec.shape is not None:
+      raise ValueError(
+        f'{self.name} builds tries of continuations, not fixed shapes: give it a dynamic '
+        f'tree (size, depth, width = how many continuations it merges)'
+      )
+    if spec.size > spec.width * spec.depth:
+      raise ValueError(
+        f'a trie of {spec.width} continuations of {spec.depth} tokens has at most '
+        f'{spec.width * spec.depth} nodes, fewer than its size {spec.size}'
+      )
+
 
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter(LookupDrafter):
@@ -159,18 +171,6 @@ class NgramDrafter(LookupDrafter):
   @property
   def name(self) -> str:
     return f'prompt lookup ngram(n={self.n_min}..{self.n_max})'
-
-  def check_tree(self, spec) -> None:
-    if spec.shape is not None:
-      raise ValueError(
-        f'{self.name} builds tries of continuations, not fixed shapes: give it a dynamic '
-        f'tree (size, depth, width = how many earlier matches)'
-      )
-    if spec.size > spec.width * spec.depth:
-      raise ValueError(
-        f'a trie of {spec.width} continuations of {spec.depth} tokens has at most '
-        f'{spec.width * spec.depth} nodes, fewer than its size {spec.size}'
-      )
 
   def propose_tree(self, params, draft_state, state, key, spec, sampling):
     """A trie of what followed the `spec.width` best earlier matches (longest, then most
