@@ -268,7 +268,7 @@ def _tree_round(
   logits, cache = out[:2]
   p = sampling_lib.probabilities(logits, sampling)
   path, accepted, nxt = tree_verify.verify_tree(
-    p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.gamma
+    p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.gamma, anc=anc, depth=depth
   )
   d = method.gamma
   kept = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [B, D]

@@ -106,15 +106,19 @@ def walk(thresholds, parents, uniforms) -> jax.Array:
   return jax.lax.scan(visit, start, jnp.arange(parents.shape[1]))[0]
 
 
-def verify_tree(p, q, draft: tree_lib.TreeDraft, key, *, greedy: bool, max_depth: int):
+def verify_tree(
+  p, q, draft: tree_lib.TreeDraft, key, *, greedy: bool, max_depth: int, anc=None, depth=None
+):
   """Verifies a tree draft against p[B, N+1, V] (the target's distributions at the root
-  and every node, in node order).
+  and every node, in node order); `anc` and `depth` (tree_lib.ancestors / depths of its
+  parents) when the caller has them already.
 
   Returns (path[B, max_depth + 1]: the accepted nodes from the root, 0 past `accepted`;
   accepted[B] draft tokens kept; next_token[B]).
   """
-  anc = tree_lib.ancestors(draft.parents)
-  depth = tree_lib.depths(anc, draft.parents)
+  if anc is None:
+    anc = tree_lib.ancestors(draft.parents)
+    depth = tree_lib.depths(anc, draft.parents)
   if greedy:
     plan = greedy_tree_plan(p, None, draft.tokens, draft.parents)
     stop = walk(plan.thresholds, draft.parents, jnp.full(plan.thresholds.shape, 0.5))
