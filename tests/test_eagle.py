@@ -197,26 +197,33 @@ def test_gamma_beyond_the_feature_ring_is_refused(target):
     engine.generate(PROMPTS[:1], 8, gamma=4)
 
 
-def test_eagle_sampling_is_lossless():
-  """Chi-square of 3-token continuations against the exact target distribution, with a
-  head whose vocabulary leaves out two of the eight tokens (q = 0 there)."""
-  from tests.test_speculative import VOCAB, chi_square_pvalue, exact_continuations
-
-  target = testing.tiny_model(seed=21, vocab_size=VOCAB, n_layers=2, scale=0.3)
+def small_vocab_head_engine(cache_size: int = 16):
+  """(engine, target) with an 8-token target and a head whose vocabulary leaves out two
+  of the tokens (q = 0 there)."""
+  target = testing.tiny_model(seed=21, vocab_size=8, n_layers=2, scale=0.3)
   cfg, params = target
   ids = np.array([0, 1, 2, 4, 5, 7])
   hc = eagle_model.EagleConfig.for_target(cfg, len(ids))
   hp = eagle_model.init_params(hc, jax.random.key(5), ids, params)
-  sampling = SamplingConfig(temperature=1.0)
-  probs = exact_continuations(cfg, params, sampling)
   engine = Engine(
     params,
     cfg,
     eos_id=-1,
-    cache_size=16,
+    cache_size=cache_size,
     drafter=EagleDrafter(hc),
     draft_params={'head': hp, 'embed': params['embed']},
   )
+  return engine, target
+
+
+def test_eagle_sampling_is_lossless():
+  """Chi-square of 3-token continuations against the exact target distribution, with a
+  head whose vocabulary leaves out two of the eight tokens (q = 0 there)."""
+  from tests.test_speculative import chi_square_pvalue, exact_continuations
+
+  engine, (cfg, params) = small_vocab_head_engine()
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(cfg, params, sampling)
   out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, gamma=2, verifier='rejection')
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 

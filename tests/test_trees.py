@@ -368,25 +368,10 @@ def test_distilled_tree_greedy_equals_target_greedy(target):
 @pytest.mark.parametrize('tree', ['static 2x2x1', 'dynamic'])
 def test_eagle_tree_sampling_is_lossless(tree):
   """A head whose vocabulary leaves out two of the eight tokens (q = 0 there)."""
-  import jax
+  from test_eagle import small_vocab_head_engine
 
-  from specjax.drafters.eagle import EagleDrafter
-  from specjax.models import eagle as eagle_model
-
-  target = testing.tiny_model(seed=21, vocab_size=VOCAB, n_layers=2, scale=0.3)
-  cfg, params = target
-  ids = np.array([0, 1, 2, 4, 5, 7])
-  hc = eagle_model.EagleConfig.for_target(cfg, len(ids))
-  hp = eagle_model.init_params(hc, jax.random.key(5), ids, params)
+  engine, (cfg, params) = small_vocab_head_engine()
   sampling = SamplingConfig(temperature=1.0)
-  engine = Engine(
-    params,
-    cfg,
-    eos_id=-1,
-    cache_size=16,
-    drafter=EagleDrafter(hc),
-    draft_params={'head': hp, 'embed': params['embed']},
-  )
   out = engine.generate([PROMPT] * 30000, 3, sampling, seed=0, tree=TREES[tree])
   probs = exact_continuations(cfg, params, sampling)
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
