@@ -1,13 +1,16 @@
 """Adaptive draft length: the controller on synthetic acceptance, and the adaptive loop
 (greedy identity, a draft cache that catches up after plain steps, lossless sampling)."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from specjax import testing
-from specjax.control import adaptive
+from specjax.control import adaptive, cost_model
 from specjax.core.sampling import SamplingConfig
+from specjax.core.tree import parse_shape, parse_tree
 from specjax.decode.engine import Engine
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
 
@@ -17,8 +20,8 @@ COSTS = dict(gammas=(1, 2, 4), draft_cost=(0.1, 0.2, 0.4), verify_cost=(1.05, 1.
 
 def run(config, segments, seed=0, batch=1):
   probs = np.concatenate([np.full(n, p) for p, n in segments])
-  gammas, ctrl = adaptive.simulate(config, probs, jax.random.key(seed), batch)
-  return np.asarray(gammas), ctrl
+  ran, ctrl = adaptive.simulate(config, probs, jax.random.key(seed), batch)
+  return np.asarray(config.choices)[np.asarray(ran)], ctrl
 
 
 def test_turns_off_when_acceptance_collapses_and_back_on_when_it_recovers():
@@ -62,6 +65,57 @@ def test_bad_settings_are_named():
     adaptive.AdaptiveConfig(gammas=(1, 2), draft_cost=(0.1,))
   with pytest.raises(ValueError, match='decay'):
     adaptive.AdaptiveConfig(decay=0.0)
+
+
+# Trees: a chain draws a chain's acceptance; '3x2x1' gains from ranks 1 and 2.
+TREE = parse_shape('3x2x1')  # 15 nodes
+
+
+def test_the_rank_model_learns_each_ranks_acceptance():
+  """Siblings tried in order, each accepted with alpha: rank r is the accepted one with
+  probability alpha (1 - alpha)^r, which the controller's counts must recover."""
+  config = adaptive.AdaptiveConfig(gammas=(), trees=(TREE,), decay=1.0, start_on=True)
+  ran, ctrl = adaptive.simulate(config, np.full(3000, 0.5), jax.random.key(0))
+  assert np.all(np.asarray(ran) == 1)
+  a = np.asarray(adaptive.alpha(config, ctrl))
+  np.testing.assert_allclose(a[:, 0], 0.5, atol=0.03)
+  np.testing.assert_allclose(a[0, 1:], [0.25, 0.125], atol=0.03)
+  np.testing.assert_allclose(a[1, 1], 0.25, atol=0.03)
+
+
+def test_a_tree_that_pays_is_chosen_and_one_that_does_not_is_only_probed():
+  chains = dict(gammas=(1, 2, 3), draft_cost=(0.0,) * 3, verify_cost=(1.1, 1.1, 1.1))
+  # alpha 0.5: the chain of 3 makes 1.88 tokens (1.70x), the tree 2.86 (2.2x at cost 1.3).
+  cheap = adaptive.AdaptiveConfig(**chains, trees=(TREE,), tree_verify_cost=(1.3,))
+  dear = adaptive.AdaptiveConfig(**chains, trees=(TREE,), tree_verify_cost=(2.5,))
+  for seed in range(2):
+    ran, _ = run_arms(cheap, [(0.5, 600)], seed)
+    assert np.mean(ran[100:] == 4) > 0.95
+    ran, _ = run_arms(dear, [(0.5, 600)], seed)
+    assert np.mean(ran[100:] == 3) > 0.9  # the chain of 3...
+    assert 0 < np.mean(ran[100:] == 4) <= 1.5 / dear.explore_every  # ...and tree probes
+    # At alpha 0.98 a chain keeps nearly everything: the tree's extra nodes buy nothing.
+    ran, _ = run_arms(cheap, [(0.98, 600)], seed)
+    assert np.mean(ran[100:] == 3) > 0.9
+
+
+def test_tree_settings_are_checked():
+  with pytest.raises(ValueError, match='static shapes'):
+    adaptive.AdaptiveConfig(trees=(parse_tree('dynamic:8-3-2'),))
+  with pytest.raises(ValueError, match='tree_verify_cost needs one non-negative cost per tree'):
+    adaptive.AdaptiveConfig(trees=(TREE,), tree_verify_cost=(1.0, 2.0))
+  with pytest.raises(ValueError, match='at least one draft length or tree'):
+    adaptive.AdaptiveConfig(gammas=())
+  with pytest.raises(ValueError, match='no measured cost for the tree'):
+    adaptive.AdaptiveConfig.from_costs(
+      cost_model.Costs(1, 64, 10.0, {1: 1.0}, {1: 11.0}), trees=(TREE,)
+    )
+
+
+def run_arms(config, segments, seed=0):
+  probs = np.concatenate([np.full(n, p) for p, n in segments])
+  ran, ctrl = adaptive.simulate(config, probs, jax.random.key(seed))
+  return np.asarray(ran), ctrl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +216,8 @@ def test_control_carries_over_between_batches(target):
   assert plain(engine.generate(PROMPTS, 30, adaptive=JUMPY)) == plain(first)
 
 
-def test_adaptive_sampling_matches_the_target():
+@pytest.mark.parametrize('trees', [False, True], ids=['chains', 'chains and trees'])
+def test_adaptive_sampling_matches_the_target(trees):
   """30,000 sampled 4-token continuations against the exact target distribution."""
   import itertools
 
@@ -181,9 +236,11 @@ def test_adaptive_sampling_matches_the_target():
   )
   sampling = SamplingConfig(temperature=1.0)
   # Starts off, probes after one plain step, then drafts: both kinds of iteration run.
-  config = adaptive.AdaptiveConfig(gammas=(1, 2), start_on=False, probe_every=1)
+  more = dict(trees=(parse_shape('2x1'),), explore_every=1) if trees else {}
+  # With trees: a '2x1' tree (4 nodes) every other iteration while on.
+  config = adaptive.AdaptiveConfig(gammas=(1, 2), start_on=False, probe_every=1, **more)
   out = engine.generate([prompt] * n, 4, sampling, seed=5, adaptive=config)
-  assert {d for row in out.drafted for d in row} >= {0, 2}
+  assert {d for row in out.drafted for d in row} >= ({0, 4} if trees else {0, 2})
 
   seqs = np.array(list(itertools.product(range(vocab), repeat=4)))
   tokens = jnp.asarray(np.concatenate([np.tile(prompt, (len(seqs), 1)), seqs], 1))
@@ -198,3 +255,85 @@ def test_adaptive_sampling_matches_the_target():
   obs = np.append(counts[big], counts[~big].sum())
   exp = np.append(expected[big], expected[~big].sum())
   assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+
+
+# Adaptive control with trees in the loop: settings that visit off, a chain and a tree.
+WITH_TREES = adaptive.AdaptiveConfig(
+  gammas=(2,),
+  trees=(parse_shape('2x2x1'),),  # 2 + 4 + 4 = 10 nodes
+  draft_cost=(0.3,),
+  verify_cost=(1.0,),
+  tree_draft_cost=(0.6,),
+  tree_verify_cost=(1.2,),
+  prior_alpha=0.0,
+  hysteresis=0.0,
+  probe_every=2,
+  explore_every=3,
+  start_on=False,
+  decay=0.5,
+)
+
+
+@pytest.mark.parametrize('name', ['random tiny model', 'skip layers', 'reduced-vocabulary draft'])
+def test_adaptive_trees_greedy_equals_target_greedy(target, name):
+  engine = engine_with(target, *drafts(target)[name])
+  reference = engine.generate(PROMPTS, 40).tokens
+  drafted = set()
+  # The second starts on the tree: its prior thinks every draft token is accepted.
+  for config in (WITH_TREES, dataclasses.replace(WITH_TREES, prior_alpha=1.0, start_on=True)):
+    out = engine.generate(PROMPTS, 40, adaptive=config, verifier='greedy')
+    assert out.tokens == reference
+    drafted |= {d for row in out.drafted for d in row}
+    assert engine.generate(PROMPTS[1:2], 40, adaptive=config).tokens[0] == reference[1]
+  assert drafted >= {0, 2, 10}, drafted  # plain steps, chains and trees all ran
+
+
+def test_the_segmented_loop_equals_one_switch_per_iteration(target):
+  """decode runs each setting in an inner loop of its own; stepping one lax.switch per
+  iteration must give the same tokens, records and controller state."""
+  import jax.numpy as jnp
+
+  from specjax.decode import loop
+  from specjax.decode.prefill import prefill
+
+  cfg, params = target
+  drafter, small = drafts(target)['random tiny model']
+  engine = engine_with(target, drafter, small)
+  method = engine.method(adaptive=WITH_TREES)
+  sampling = SamplingConfig(temperature=1.0)
+  tokens, lengths, max_new, out_len, cache = engine.prepare(PROMPTS, 24, method.spare)
+  kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=-1)
+  p = {'target': params, 'draft': small}
+  start = lambda: prefill(
+    p,
+    jnp.asarray(tokens),
+    jnp.asarray(lengths),
+    jnp.asarray(max_new),
+    jax.random.key(3),
+    cache_size=cache,
+    out_len=out_len,
+    **kw,
+  )
+  whole = jax.jit(lambda s: loop.decode(p, s, **kw))(start())
+  stepped, one = start(), jax.jit(lambda s: loop.step(p, s, **kw))
+  while not bool(jnp.all(stepped.done)):
+    stepped = one(stepped)
+  for a, b in [
+    (whole.tokens, stepped.tokens),
+    (whole.spec.drafted, stepped.spec.drafted),
+    (whole.spec.accepted, stepped.spec.accepted),
+    (whole.spec.control.successes, stepped.spec.control.successes),
+    (whole.spec.control.switches, stepped.spec.control.switches),
+  ]:
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert {0, 2, 10} <= set(np.asarray(whole.spec.drafted).ravel().tolist())
+
+
+def test_adaptive_trees_are_refused_where_they_cannot_run(target):
+  cfg, _ = target
+  lookup = engine_with(target, NgramDrafter(cfg.vocab_size), None)
+  with pytest.raises(ValueError, match='static|dynamic'):
+    lookup.method(adaptive=WITH_TREES)
+  drafter, small = drafts(target)['random tiny model']
+  with pytest.raises(ValueError, match='block verification is proved for chains only'):
+    engine_with(target, drafter, small).method(verifier='block', adaptive=WITH_TREES)

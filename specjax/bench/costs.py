@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from specjax.control.cost_model import Costs
 from specjax.core.sampling import SamplingConfig
+from specjax.core.tree import TreeSpec
 from specjax.decode import loop
 from specjax.decode import prefill as prefill_lib
 
@@ -136,37 +137,56 @@ def fastest(pieces: Mapping, repeats: int = 5) -> dict:
 def measure_drafts(
   target_params,
   cfg,
-  drafts: Mapping[str, tuple[object, object, Sequence[int]]],
+  drafts: Mapping[str, tuple],
   batch: int,
   cache_size: int,
   sampling: SamplingConfig = SamplingConfig(),
   repeats: int = 5,
 ) -> tuple[float, dict[str, Costs]]:
-  """(target step ms, {name: Costs}) for drafts {name: (drafter, draft params, gammas)}.
+  """(target step ms, {name: Costs}) for drafts {name: (drafter, draft params, gammas[,
+  trees])}, trees being static TreeShapes.
 
   The target's step and each (gamma + 1)-token verification are timed once and shared
-  by every draft; each draft's proposals are timed at each of its gammas.
+  by every draft; each draft's proposals are timed at each of its gammas. A tree of N
+  nodes is verified by an (N + 1)-token forward, timed once per N, and its proposal is
+  timed per draft.
   """
   pieces = {('step', 0): timer_forward(target_params, cfg, batch, 1, cache_size)}
-  for name, (drafter, draft_params, gammas) in drafts.items():
+  for name, (drafter, draft_params, gammas, *rest) in drafts.items():
+    trees = rest[0] if rest else ()
+    for n in [*gammas, *(t.size for t in trees)]:
+      if ('verify', n) not in pieces:
+        pieces['verify', n] = timer_forward(target_params, cfg, batch, n + 1, cache_size)
     for g in gammas:
-      if ('verify', g) not in pieces:
-        pieces['verify', g] = timer_forward(target_params, cfg, batch, g + 1, cache_size)
       pieces[name, g] = timer_propose(
         drafter, draft_params, target_params, cfg, batch, g, cache_size, sampling
       )
+    for t in trees:
+      pieces[name, t.text] = timer_propose(
+        drafter,
+        draft_params,
+        target_params,
+        cfg,
+        batch,
+        t.depth,
+        cache_size,
+        sampling,
+        tree=TreeSpec(shape=t),
+      )
   best = fastest(pieces, repeats)
   step = best['step', 0]
-  return step, {
-    name: Costs(
+  out = {}
+  for name, (_, _, gammas, *rest) in drafts.items():
+    trees = rest[0] if rest else ()
+    out[name] = Costs(
       batch=batch,
       cache_size=cache_size,
       target_ms=step,
       draft_ms={g: best[name, g] for g in gammas},
       verify_ms={g: best['verify', g] for g in gammas},
+      tree_ms={t.text: (best[name, t.text], best['verify', t.size]) for t in trees},
     )
-    for name, (_, _, gammas) in drafts.items()
-  }
+  return step, out
 
 
 def measure(

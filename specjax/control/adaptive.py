@@ -1,26 +1,32 @@
-"""Adaptive draft length: pick gamma every iteration, 0 (plain decoding) included.
+"""Adaptive speculation: pick the setting every iteration among off (a plain step), chains
+of several draft lengths and static token trees.
 
-The controller keeps exponentially decayed counts of draft-token successes and failures
-per draft position: an iteration that drafted gamma tokens and kept k of them is a
-success at positions 1..k and, if k < gamma, a failure at position k + 1 (later
-positions were not tried). Each position's acceptance is a posterior mean shrunk toward
-the pooled rate (successes / (successes + failures) over all positions, itself with a
-Beta prior of mean `prior_alpha` and weight `prior_weight`), so positions never tried
-take the pooled rate. The expected tokens of a gamma are then 1 + sum_k prod_{j<=k} a_j:
-no geometric assumption, so prompt lookup's bimodal runs (a copied span kept whole, or a
-miss at once) are predicted right. Each iteration the controller predicts the speedup of
-every compiled gamma from those and the measured costs (`specjax/control/cost_model.py`)
-and moves to the best one only when it beats the current choice by a factor
-1 + `hysteresis`: speculation turns off when the best draft length no longer pays by
-that margin, and back on only when one pays by it, so estimates hovering near
-break-even do not flap.
+The controller keeps exponentially decayed counts of draft-node successes and failures by
+depth d and sibling rank r (Sequoia's acceptance model, Chen et al. 2024): whenever a
+node's parent was reached (the root, or an accepted node), the node was a trial of
+(d, r), and a success when it was accepted too. A chain is a tree of rank-0 nodes, so an
+iteration that drafted gamma tokens and kept k is a success at depths 1..k and, if
+k < gamma, a failure at depth k + 1 (later ones were never tried). Each cell's
+acceptance is a posterior mean shrunk toward its rank's pooled rate (over all depths),
+and that toward a prior: `prior_alpha` for rank 0, the rank-0 rate times
+`rank_prior`^r for later ranks; so cells never tried take their rank's rate. The expected
+tokens of a chain of gamma are 1 + sum_k prod_{j<=k} a[j, 0] (no geometric assumption:
+prompt lookup's bimodal runs, a copied span kept whole or a miss at once, are predicted
+right), and of a tree 1 + the sum over its nodes of the chance of reaching them (the
+product of a[d, r] along the node's path). Each iteration the controller predicts the
+speedup of every setting from those and the measured costs
+(`specjax/control/cost_model.py`) and moves to the best one only when it beats the
+current choice by a factor 1 + `hysteresis`: speculation turns off when no setting pays
+by that margin, and back on only when one does, so estimates near break-even do not flap.
 
 While off, nothing is learned, so after `probe_every` plain steps the controller runs
-one speculative iteration at the smallest draft length (a probe); probes are how it
-notices that drafts pay again. Each probe that leaves it off doubles the wait before the
-next (up to `probe_every * probe_backoff` steps), so a draft that never pays costs
-little more than plain decoding; a probe that kept all its draft tokens, or turning on,
-resets the wait. Everything is jnp code inside the jitted loop: no host decision.
+one speculative iteration at the smallest draft length (a probe); each probe that leaves
+it off doubles the wait before the next (up to `probe_every * probe_backoff` steps), so a
+draft that never pays costs little more than plain decoding. While a chain runs, ranks
+past 0 are never seen, so every `explore_every` iterations the largest tree runs once
+(a tree probe) to keep their estimates honest. Everything is jnp code inside the jitted
+loop: no host decision. The loop (specjax/decode/loop.py) runs each setting's ordinary
+iteration, in place, for as long as the controller keeps it.
 """
 
 from __future__ import annotations
@@ -29,68 +35,102 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specjax.control import cost_model
+from specjax.core.tree import TreeShape
 
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveConfig:
   """Static controller settings (a jit static argument, so it must stay hashable).
 
-  gammas: the speculative draft lengths compiled into the loop; 0 is always added.
+  gammas: the chain draft lengths compiled into the loop; 0 (off) is always added.
+  trees: static tree shapes compiled into the loop (specjax.core.tree.TreeShape).
   draft_cost, verify_cost: per gamma, in units of one plain target step (measured with
     `specjax.bench.costs.measure`); the defaults describe a free draft.
+  tree_draft_cost, tree_verify_cost: the same per tree; the default verification cost
+    1 + 0.05 N for N nodes is this 2-core CPU's measured slope (BENCHMARKS.md).
   """
 
   gammas: tuple[int, ...] = (1, 2, 4)
   draft_cost: tuple[float, ...] | None = None
   verify_cost: tuple[float, ...] | None = None
+  trees: tuple[TreeShape, ...] = ()
+  tree_draft_cost: tuple[float, ...] | None = None
+  tree_verify_cost: tuple[float, ...] | None = None
   decay: float = 0.9  # weight of older evidence per observed iteration
   prior_alpha: float = 0.5
   prior_weight: float = 0.5
+  rank_prior: float = 0.5  # prior of a rank-r child's acceptance: rank 0's times this^r
   hysteresis: float = 0.1
   probe_every: int = 16
   probe_backoff: int = 8  # the wait between probes grows up to probe_every * probe_backoff
   probe_largest: bool = False  # probe with the largest gamma (more evidence, dearer)
-  start_on: bool = True  # start at the best predicted gamma under the prior (else off)
+  explore_every: int = 32  # while on a chain, run the largest tree once this often (0: never)
+  start_on: bool = True  # start at the best predicted setting under the prior (else off)
 
   def __post_init__(self):
     gammas = tuple(self.gammas)
-    if (
-      not gammas
-      or any(not isinstance(g, int) or g < 1 for g in gammas)
-      or (list(gammas) != sorted(set(gammas)))
+    if any(not isinstance(g, int) or g < 1 for g in gammas) or (
+      list(gammas) != sorted(set(gammas))
     ):
       raise ValueError(f'adaptive gammas must be increasing integers >= 1, got {self.gammas}')
+    trees = tuple(self.trees)
+    if any(not isinstance(t, TreeShape) for t in trees):
+      raise ValueError(
+        'adaptive trees must be static shapes (specjax.core.tree.TreeShape, e.g. '
+        f"parse_shape('4x2x1')): dynamic trees have no shape to predict, got {self.trees}"
+      )
+    if len(set(trees)) != len(trees):
+      raise ValueError(f'adaptive trees must be distinct, got {[t.describe() for t in trees]}')
+    if not gammas and not trees:
+      raise ValueError('adaptive control needs at least one draft length or tree to choose')
     object.__setattr__(self, 'gammas', gammas)
-    for name in ('draft_cost', 'verify_cost'):
+    object.__setattr__(self, 'trees', trees)
+    for name, count, default in (
+      ('draft_cost', gammas, lambda g: 0.0),
+      ('verify_cost', gammas, lambda g: 1.0),
+      ('tree_draft_cost', trees, lambda t: 0.0),
+      ('tree_verify_cost', trees, lambda t: 1.0 + 0.05 * t.size),
+    ):
       value = getattr(self, name)
       if value is None:
-        value = tuple(0.0 for _ in gammas) if name == 'draft_cost' else tuple(1.0 for _ in gammas)
+        value = tuple(default(x) for x in count)
       value = tuple(float(v) for v in value)
-      if len(value) != len(gammas) or any(v < 0 for v in value):
+      per = 'gamma' if name in ('draft_cost', 'verify_cost') else 'tree'
+      if len(value) != len(count) or any(v < 0 for v in value):
         raise ValueError(
-          f'adaptive {name} needs one non-negative cost per gamma {gammas}, '
-          f'got {getattr(self, name)}'
+          f'adaptive {name} needs one non-negative cost per {per} '
+          f'{gammas if per == "gamma" else len(trees)}, got {getattr(self, name)}'
         )
       object.__setattr__(self, name, value)
     if not 0 < self.decay <= 1:
       raise ValueError(f'adaptive decay must lie in (0, 1], got {self.decay}')
     if not 0 <= self.prior_alpha <= 1 or self.prior_weight <= 0:
       raise ValueError('adaptive prior needs 0 <= prior_alpha <= 1 and prior_weight > 0')
+    if not 0 <= self.rank_prior <= 1:
+      raise ValueError(f'adaptive rank_prior must lie in [0, 1], got {self.rank_prior}')
     if self.hysteresis < 0 or self.probe_every < 1 or self.probe_backoff < 1:
       raise ValueError('adaptive hysteresis must be >= 0, probe_every and probe_backoff >= 1')
+    if self.explore_every < 0:
+      raise ValueError(f'adaptive explore_every must be >= 0, got {self.explore_every}')
 
   @classmethod
-  def from_costs(cls, costs, gammas=None, **kwargs) -> AdaptiveConfig:
-    """Settings with the measured `costs` (a specjax.control.cost_model.Costs)."""
-    gammas = tuple(gammas or sorted(costs.draft_ms))
+  def from_costs(cls, costs, gammas=None, trees=(), **kwargs) -> AdaptiveConfig:
+    """Settings with the measured `costs` (a specjax.control.cost_model.Costs); each tree
+    needs its costs measured under its shape's describe() name (Costs.tree_ms)."""
+    gammas = tuple(sorted(costs.draft_ms) if gammas is None else gammas)
     units = [costs.units(g) for g in gammas]
+    tree_units = [costs.tree_units(t) for t in trees]
     return cls(
       gammas=gammas,
       draft_cost=tuple(round(d, 4) for d, _ in units),
       verify_cost=tuple(round(v, 4) for _, v in units),
+      trees=tuple(trees),
+      tree_draft_cost=tuple(round(d, 4) for d, _ in tree_units) if trees else None,
+      tree_verify_cost=tuple(round(v, 4) for _, v in tree_units) if trees else None,
       **kwargs,
     )
 
@@ -100,42 +140,78 @@ class AdaptiveConfig:
     return self.probe_every * self.probe_backoff
 
   @property
+  def arms(self) -> tuple[int | TreeShape, ...]:
+    """Setting index -> 0 (off), a chain's gamma, or a tree shape."""
+    return (0, *self.gammas, *self.trees)
+
+  @property
   def choices(self) -> tuple[int, ...]:
-    """Branch index -> gamma."""
-    return (0, *self.gammas)
+    """Setting index -> the tokens it drafts along its deepest path (0: off)."""
+    return tuple(a if isinstance(a, int) else a.depth for a in self.arms)
+
+  @property
+  def depth(self) -> int:
+    """The deepest draft of any setting."""
+    return max(self.choices)
+
+  @property
+  def ranks(self) -> int:
+    """Sibling ranks tracked: 1 + the largest rank of any tree (1 with chains only)."""
+    return 1 + max((max(t.ranks) for t in self.trees), default=0)
+
+  def is_tree(self, index: int) -> bool:
+    return index > len(self.gammas)
 
 
 @struct.dataclass
 class ControlState:
-  successes: jax.Array  # [G] float32 per draft position (G = max gamma), decayed
-  failures: jax.Array  # [G] float32, decayed
-  choice: jax.Array  # [] int32 index into config.choices: the current setting
+  successes: jax.Array  # [D, R] float32 per depth and sibling rank, decayed
+  failures: jax.Array  # [D, R] float32, decayed
+  choice: jax.Array  # [] int32 index into config.arms: the current setting
   since_probe: jax.Array  # [] int32 plain steps since the last speculative iteration
   wait: jax.Array  # [] int32 plain steps before the next probe
   switches: jax.Array  # [] int32 changes of setting so far
-  toggles: jax.Array  # [] int32 of which between off (gamma 0) and on
+  toggles: jax.Array  # [] int32 of which between off and on
+  since_tree: jax.Array  # [] int32 iterations since a tree last ran
 
 
 def pooled_alpha(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
-  """Posterior mean acceptance over every position (the geometric model's alpha)."""
-  s, f = jnp.sum(ctrl.successes), jnp.sum(ctrl.failures)
+  """Posterior mean acceptance of rank 0 over every depth (the geometric model's alpha)."""
+  s, f = jnp.sum(ctrl.successes[:, 0]), jnp.sum(ctrl.failures[:, 0])
   return (s + config.prior_alpha * config.prior_weight) / (s + f + config.prior_weight)
 
 
 def alpha(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
-  """[G] posterior mean acceptance per draft position, shrunk toward the pooled rate."""
-  pooled = pooled_alpha(config, ctrl)
+  """[D, R] posterior mean acceptance per depth and rank, shrunk toward the rank's rate."""
   w = config.prior_weight
-  return (ctrl.successes + pooled * w) / (ctrl.successes + ctrl.failures + w)
+  base = pooled_alpha(config, ctrl)
+  prior = base * config.rank_prior ** jnp.arange(ctrl.successes.shape[1], dtype=jnp.float32)
+  s, f = jnp.sum(ctrl.successes, 0), jnp.sum(ctrl.failures, 0)
+  rank = jnp.where(jnp.arange(s.shape[0]) == 0, base, (s + prior * w) / (s + f + w))
+  return (ctrl.successes + rank * w) / (ctrl.successes + ctrl.failures + w)
+
+
+def tree_tokens(shape: TreeShape, a: jax.Array) -> jax.Array:
+  """Expected tokens of one iteration with `shape`: 1 + the chance of reaching each node."""
+  reach = [jnp.ones(())]
+  for p, parent in zip(shape.paths, shape.parents):
+    reach.append(reach[parent] * a[len(p) - 1, p[-1]])
+  return sum(reach)
 
 
 def predicted(config: AdaptiveConfig, a: jax.Array) -> jax.Array:
-  """Predicted speedup per choice (choice 0, plain decoding, is 1) from per-position
-  acceptance a[G]."""
-  runs = 1.0 + jnp.cumsum(jnp.cumprod(a))  # expected tokens of gamma = 1..G
-  tokens = runs[jnp.asarray(config.gammas) - 1]
-  draft, verify = jnp.asarray(config.draft_cost), jnp.asarray(config.verify_cost)
-  return jnp.concatenate([jnp.ones((1,)), cost_model.speedup(tokens, draft, verify)])
+  """Predicted speedup per setting (setting 0, plain decoding, is 1) from acceptance a[D, R]."""
+  out = [jnp.ones((1,))]
+  if config.gammas:
+    runs = 1.0 + jnp.cumsum(jnp.cumprod(a[:, 0]))  # expected tokens of gamma = 1..D
+    tokens = runs[jnp.asarray(config.gammas) - 1]
+    draft, verify = jnp.asarray(config.draft_cost), jnp.asarray(config.verify_cost)
+    out.append(cost_model.speedup(tokens, draft, verify))
+  if config.trees:
+    tokens = jnp.stack([tree_tokens(t, a) for t in config.trees])
+    draft, verify = jnp.asarray(config.tree_draft_cost), jnp.asarray(config.tree_verify_cost)
+    out.append(cost_model.speedup(tokens, draft, verify))
+  return jnp.concatenate(out)
 
 
 def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Array:
@@ -147,15 +223,17 @@ def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Arra
 
 
 def init(config: AdaptiveConfig) -> ControlState:
-  zeros = jnp.zeros((max(config.gammas),), jnp.float32)
+  zeros = jnp.zeros((config.depth, config.ranks), jnp.float32)
+  scalar = lambda v: jnp.asarray(v, jnp.int32)
   ctrl = ControlState(
     successes=zeros,
     failures=zeros,
-    choice=jnp.zeros((), jnp.int32),
-    since_probe=jnp.zeros((), jnp.int32),
-    wait=jnp.asarray(config.probe_every, jnp.int32),
-    switches=jnp.zeros((), jnp.int32),
-    toggles=jnp.zeros((), jnp.int32),
+    choice=scalar(0),
+    since_probe=scalar(0),
+    wait=scalar(config.probe_every),
+    switches=scalar(0),
+    toggles=scalar(0),
+    since_tree=scalar(0),
   )
   if config.start_on:
     best = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
@@ -163,11 +241,46 @@ def init(config: AdaptiveConfig) -> ControlState:
   return ctrl
 
 
+def _largest_tree(config: AdaptiveConfig) -> int:
+  sizes = [t.size for t in config.trees]
+  return 1 + len(config.gammas) + int(np.argmax(sizes))
+
+
 def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
-  """The branch to run this iteration: the current choice, or a probe when off for long."""
+  """The setting to run this iteration: the current choice, a probe when off for long, or
+  a tree probe when a chain has run for long."""
   probe = jnp.int32(len(config.gammas) if config.probe_largest else 1)
   due = (ctrl.choice == 0) & (ctrl.since_probe >= ctrl.wait)
-  return jnp.where(due, probe, ctrl.choice)
+  ran = jnp.where(due, probe, ctrl.choice)
+  if config.trees and config.explore_every:
+    explore = (ctrl.choice > 0) & (ctrl.choice <= len(config.gammas))
+    explore &= ctrl.since_tree >= config.explore_every
+    ran = jnp.where(explore, jnp.int32(_largest_tree(config)), ran)
+  return ran
+
+
+def _chain_counts(config: AdaptiveConfig, accepted, drafted):
+  """[D] successes and failures of chain iterations (rank 0)."""
+  tried = drafted > 0
+  k = jnp.arange(1, config.depth + 1)[None]  # draft depths
+  at = tried[:, None] & (drafted[:, None] >= k) & (accepted[:, None] >= k - 1)  # [B, D] tried
+  kept = at & (accepted[:, None] >= k)
+  return jnp.sum(kept, axis=0).astype(jnp.float32), jnp.sum(at & ~kept, axis=0).astype(jnp.float32)
+
+
+def _tree_counts(config: AdaptiveConfig, shape: TreeShape, stops, tried):
+  """[D, R] successes and failures of iterations of `shape` that stopped at stops[B]."""
+  anc = jnp.asarray(shape.ancestor_matrix())  # [N+1, N+1]: j is i or an ancestor of i
+  on_path = anc[jnp.clip(stops, 0, shape.size)] & tried[:, None]  # [B, N+1]
+  parents = np.asarray(shape.parents)
+  reached = on_path[:, parents]  # [B, N]: the node's parent was on the path
+  kept = on_path[:, 1:]
+  cells = np.zeros((shape.size, config.depth * config.ranks), np.float32)  # node -> (d, r)
+  for i, p in enumerate(shape.paths):
+    cells[i, (len(p) - 1) * config.ranks + p[-1]] = 1
+  cells = jnp.asarray(cells)
+  to_grid = lambda x: (jnp.sum(x, 0).astype(jnp.float32) @ cells).reshape(config.depth, -1)
+  return to_grid(reached & kept), to_grid(reached & ~kept)
 
 
 def update(
@@ -176,24 +289,34 @@ def update(
   ran: jax.Array,
   accepted: jax.Array,
   drafted: jax.Array,
+  stops: jax.Array | None = None,
 ) -> ControlState:
-  """Folds in one iteration (per-row accepted/drafted; drafted 0 = no draft) and re-decides."""
+  """Folds in one iteration of setting `ran` (per row: accepted, drafted (0: no draft, as
+  for a finished row), and for trees the node it stopped at) and re-decides."""
   tried = drafted > 0
   observed = jnp.any(tried)
-  k = jnp.arange(1, max(config.gammas) + 1)[None]  # draft positions
-  at = tried[:, None] & (drafted[:, None] >= k) & (accepted[:, None] >= k - 1)  # [B, G] tried
-  kept = at & (accepted[:, None] >= k)
-  s_k = jnp.sum(kept, axis=0).astype(jnp.float32)
-  f_k = jnp.sum(at & ~kept, axis=0).astype(jnp.float32)
-  s, f = jnp.sum(s_k), jnp.sum(f_k)
+  is_chain = (ran >= 1) & (ran <= len(config.gammas))
+  s_k, f_k = _chain_counts(config, accepted, drafted)
+  grid = jnp.zeros((config.depth, config.ranks), jnp.float32)
+  succ = grid.at[:, 0].set(jnp.where(is_chain, s_k, 0.0))
+  fail = grid.at[:, 0].set(jnp.where(is_chain, f_k, 0.0))
+  for t, shape in enumerate(config.trees):
+    s_t, f_t = _tree_counts(
+      config, shape, jnp.zeros_like(accepted) if stops is None else stops, tried
+    )
+    this = ran == 1 + len(config.gammas) + t
+    succ, fail = succ + jnp.where(this, s_t, 0.0), fail + jnp.where(this, f_t, 0.0)
+  s, f = jnp.sum(succ), jnp.sum(fail)
   # Evidence ages with time, not only with observations: after a gap of plain steps a
   # probe weighs more against the stale counts.
   age = 1.0 + ctrl.since_probe.astype(jnp.float32) / config.probe_every
   decay = jnp.where(observed, config.decay**age, 1.0)
-  successes = decay * ctrl.successes + s_k
-  failures = decay * ctrl.failures + f_k
+  ran_tree = ran > len(config.gammas)
   ctrl = ctrl.replace(
-    successes=successes, failures=failures, since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0)
+    successes=decay * ctrl.successes + succ,
+    failures=decay * ctrl.failures + fail,
+    since_probe=jnp.where(ran == 0, ctrl.since_probe + 1, 0),
+    since_tree=jnp.where(ran_tree, 0, ctrl.since_tree + 1),
   )
   new = _decide(config, ctrl.choice, alpha(config, ctrl))
   probed = (ctrl.choice == 0) & (ran != 0)
@@ -209,26 +332,51 @@ def update(
   )
 
 
+def _walk(shape: TreeShape, p: jax.Array, draws: jax.Array) -> jax.Array:
+  """Synthetic tree verification: each child reached is accepted with probability p, tried
+  in rank order. Returns the node each row stopped at ([B] int32)."""
+  parents = jnp.asarray(shape.parents)
+  stop = jnp.zeros(draws.shape[:1], jnp.int32)
+  for _ in range(shape.depth):
+    ok = (parents[None] == stop[:, None]) & (draws < p)  # [B, N] accepted children of stop
+    first = jnp.argmax(ok, axis=1)
+    stop = jnp.where(jnp.any(ok, axis=1), first + 1, stop).astype(jnp.int32)
+  return stop
+
+
 def simulate(config: AdaptiveConfig, accept_prob, key: jax.Array, batch: int = 1):
   """Runs the controller on synthetic acceptance: accept_prob[t] is iteration t's alpha.
 
-  Each draft token is accepted with that probability until the first rejection.
-  Returns the gamma run at each iteration ([T] int32) and the final state; used by the
-  tests and to tune the settings without a model.
+  Chains: each draft token is accepted with that probability until the first rejection.
+  Trees: each child reached is accepted with it, siblings tried in rank order (rank r is
+  the accepted one with probability alpha (1 - alpha)^r). Returns the setting index run
+  at each iteration ([T] int32) and the final state; used by the tests and to tune the
+  settings without a model.
   """
-  choices = jnp.asarray(config.choices)
+  depth = config.depth
+
+  def chain(g, p, k):
+    draws = jax.random.uniform(k, (batch, depth))
+    ok = (draws < p) & (jnp.arange(depth) < g)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return jnp.sum(jnp.cumprod(ok, axis=1), axis=1), jnp.full((batch,), g), zeros
+
+  def tree(shape, p, k):
+    stop = _walk(shape, p, jax.random.uniform(k, (batch, shape.size)))
+    depth_of = jnp.asarray([0] + [len(q) for q in shape.paths])
+    return depth_of[stop], jnp.full((batch,), shape.size), stop
+
+  branches = [lambda p, k: chain(0, p, k)]
+  branches += [lambda p, k, g=g: chain(g, p, k) for g in config.gammas]
+  branches += [lambda p, k, t=t: tree(t, p, k) for t in config.trees]
 
   def body(ctrl, inputs):
     p, k = inputs
     ran = choose(config, ctrl)
-    gamma = choices[ran]
-    draws = jax.random.uniform(k, (batch, max(config.gammas)))
-    ok = (draws < p) & (jnp.arange(max(config.gammas)) < gamma)
-    accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1)
-    drafted = jnp.full((batch,), gamma)
-    return update(config, ctrl, ran, accepted, drafted), gamma
+    accepted, drafted, stops = jax.lax.switch(ran, branches, p, k)
+    return update(config, ctrl, ran, accepted, drafted, stops.astype(jnp.int32)), ran
 
   accept_prob = jnp.asarray(accept_prob, jnp.float32)
   keys = jax.random.split(key, accept_prob.shape[0])
-  ctrl, gammas = jax.lax.scan(body, init(config), (accept_prob, keys))
-  return gammas, ctrl
+  ctrl, ran = jax.lax.scan(body, init(config), (accept_prob, keys))
+  return ran, ctrl

@@ -35,12 +35,24 @@ class Costs:
   target_ms: float  # one plain step: a 1-token target forward per row
   draft_ms: dict[int, float]  # gamma -> proposing gamma tokens
   verify_ms: dict[int, float]  # gamma -> one (gamma + 1)-token target forward
+  # Static trees by TreeShape.text -> (ms proposing it, ms of its (N + 1)-token forward).
+  tree_ms: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
   def units(self, gamma: int) -> tuple[float, float]:
     """(draft cost, verify cost) of gamma in units of a plain target step."""
     if gamma == 0:
       return 0.0, 1.0
     return self.draft_ms[gamma] / self.target_ms, self.verify_ms[gamma] / self.target_ms
+
+  def tree_units(self, shape) -> tuple[float, float]:
+    """(draft cost, verify cost) of a static tree (a TreeShape) in plain-step units."""
+    if shape.text not in self.tree_ms:
+      raise ValueError(
+        f'no measured cost for the tree {shape.text!r} ({shape.describe()}); measured: '
+        f'{sorted(self.tree_ms) or "none"}'
+      )
+    draft, verify = self.tree_ms[shape.text]
+    return draft / self.target_ms, verify / self.target_ms
 
   def table(self) -> dict[int, tuple[float, float]]:
     return {0: (0.0, 1.0), **{g: self.units(g) for g in sorted(self.draft_ms)}}
@@ -58,6 +70,7 @@ class Costs:
       'target_ms': self.target_ms,
       'draft_ms': {str(g): v for g, v in self.draft_ms.items()},
       'verify_ms': {str(g): v for g, v in self.verify_ms.items()},
+      'tree_ms': {k: list(v) for k, v in self.tree_ms.items()},
       'c': self.c,
     }
 

@@ -176,6 +176,11 @@ class TreeShape:
       reach[p] = reach[p[:-1]] * (accept[d, r] if r < accept.shape[1] else 0.0)
     return float(sum(reach[p] for p in self.paths))
 
+  @property
+  def text(self) -> str:
+    """The paths as parse_shape reads them ('0;1;0.0'): a canonical name."""
+    return ';'.join('.'.join(str(r) for r in p) for p in self.paths)
+
   def describe(self) -> str:
     widths = [len(level) for level in self.levels]
     return f'tree of {self.size} nodes, depth {self.depth} (per level {widths})'

@@ -218,11 +218,11 @@ class Engine:
   ) -> Method:
     """Validates a (gamma, verifier) choice against this engine and the sampling.
 
-    With `adaptive`, gamma is ignored: the method drafts up to max(adaptive.gammas).
+    With `adaptive`, gamma is ignored: the method drafts up to its deepest setting.
     With `tree` (a TreeSpec), gamma is the tree's depth.
     """
     if adaptive is not None:
-      gamma = max(adaptive.gammas)
+      gamma = adaptive.depth
     if tree is not None:
       gamma = tree.max_depth
     if gamma and self.drafter is None:
@@ -257,20 +257,21 @@ class Engine:
 
     gamma 0 is autoregressive decoding; gamma >= 1 drafts that many tokens per target
     call with the engine's drafter and checks them with `verifier` (rejection, block,
-    or greedy for greedy decoding). `adaptive` instead lets a controller choose the draft
-    length every iteration among 0 and adaptive.gammas; its state carries over from one
-    call to the next with the same settings, so it keeps learning across a workload
-    (`reset_control` forgets it). `tree` (a specjax.core.tree.TreeSpec) drafts a token
-    tree every iteration instead of a chain and verifies it in one target forward; rows
-    then need tree.nodes spare cache slots.
+    or greedy for greedy decoding). `adaptive` instead lets a controller choose the
+    setting every iteration among off, adaptive.gammas and adaptive.trees; its state
+    carries over from one call to the next with the same settings, so it keeps learning
+    across a workload (`reset_control` forgets it). `tree` (a specjax.core.tree.TreeSpec)
+    drafts a token tree every iteration instead of a chain and verifies it in one target
+    forward; rows then need tree.nodes spare cache slots (adaptive trees: the largest's).
 
     The first batch of a new shape (batch size, prompt bucket, output buffer, sampling)
     is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
     out of the prefill and decode timings.
     """
     method = self.method(gamma, verifier, sampling, adaptive, tree)
-    spare = tree.nodes if tree is not None else 0
-    tokens, lengths, max_new, out_len, cache_size = self.prepare(prompts, max_new_tokens, spare)
+    tokens, lengths, max_new, out_len, cache_size = self.prepare(
+      prompts, max_new_tokens, method.spare
+    )
     shape_key = (tokens.shape, out_len, cache_size, sampling, method)
     compile_seconds = 0.0
     if shape_key not in self._warm:

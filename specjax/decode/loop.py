@@ -14,8 +14,10 @@ are never emitted (no slots need to be reserved for verification).
 
 Drafters that may find nothing to propose (prompt lookup, consensus: `skip_when_empty`)
 run plain one-token steps in an inner loop until some row has a proposal, so a miss
-costs an ordinary decoding step. Adaptive control picks 0 (a plain step) or a draft
-length per iteration inside a lax.switch.
+costs an ordinary decoding step. Adaptive control picks off (plain steps), a chain or a
+tree; each setting runs its ordinary iteration in an inner loop of its own for as long
+as the controller keeps it, so the target cache is updated in place and only a change
+of setting (a lax.switch) copies it.
 
 The target is called through its family (`cfg.family`, specjax/core/contract.py) and the
 verifier through the registry, so the loop names no architecture and no verifier. The
@@ -43,8 +45,9 @@ from specjax.verify import tree as tree_verify
 class Method:
   """Static description of a decoding method: gamma 0 is autoregressive decoding.
 
-  With `adaptive` set, every iteration picks its draft length from 0 (a plain step) and
-  adaptive.gammas (see specjax/control/adaptive.py); `gamma` is then the largest of them.
+  With `adaptive` set, every iteration picks its setting from off (a plain step),
+  adaptive.gammas and adaptive.trees (see specjax/control/adaptive.py); `gamma` is then
+  the deepest of them. With `tree`, every iteration drafts that tree; `gamma` is its depth.
   """
 
   gamma: int = 0
@@ -54,30 +57,59 @@ class Method:
   tree: tree_lib.TreeSpec | None = None  # set: gamma is the tree's depth
 
   def __post_init__(self):
+    trees = () if self.adaptive is None else self.adaptive.trees
     if self.tree is not None:
       if self.gamma != self.tree.max_depth:
         raise ValueError(
           f'a tree method has gamma = the tree depth {self.tree.max_depth}, got {self.gamma}'
         )
       if self.adaptive is not None:
-        raise ValueError('adaptive control chooses among chains; give trees a fixed shape')
+        raise ValueError(
+          'an adaptive method chooses its trees itself (AdaptiveConfig.trees): give no tree'
+        )
+    if self.tree is not None or trees:
       if self.verifier == 'block':
         raise ValueError(
           'block verification is proved for chains only: verify trees with rejection or greedy'
         )
       if self.drafter is None:
         raise ValueError('a tree method needs a drafter')
-      self.drafter.check_tree(self.tree)
+      for spec in [self.tree] if self.tree is not None else self.tree_specs:
+        self.drafter.check_tree(spec)
     if not isinstance(self.gamma, int) or self.gamma < 0:
       raise ValueError(f'gamma must be an integer >= 0 (0 = autoregressive), got {self.gamma!r}')
     if self.gamma > 0 and self.drafter is None:
       raise ValueError(f'gamma={self.gamma} needs a drafter')
-    if self.adaptive is not None and self.gamma != max(self.adaptive.gammas):
+    if self.adaptive is not None and self.gamma != self.adaptive.depth:
       raise ValueError(
-        f'an adaptive method has gamma = max(adaptive.gammas) = '
-        f'{max(self.adaptive.gammas)}, got {self.gamma}'
+        f'an adaptive method has gamma = its deepest setting {self.adaptive.depth}, '
+        f'got {self.gamma}'
       )
     registry.VERIFIERS.get(self.verifier)
+
+  @property
+  def tree_specs(self) -> tuple[tree_lib.TreeSpec, ...]:
+    """The trees this method may draft (its own, or adaptive control's)."""
+    if self.tree is not None:
+      return (self.tree,)
+    trees = () if self.adaptive is None else self.adaptive.trees
+    return tuple(tree_lib.TreeSpec(shape=t) for t in trees)
+
+  @property
+  def spare(self) -> int:
+    """Cache slots a row needs beyond its tokens: the largest tree's nodes (0: chains)."""
+    return max((t.nodes for t in self.tree_specs), default=0)
+
+  @property
+  def arms(self) -> tuple[Method, ...]:
+    """Adaptive control's settings as fixed methods, by setting index (0: plain steps
+    that still keep the drafter's state in step)."""
+    out = []
+    for arm in self.adaptive.arms:
+      tree = None if isinstance(arm, int) else tree_lib.TreeSpec(shape=arm)
+      gamma = arm if tree is None else tree.max_depth
+      out.append(Method(gamma=gamma, verifier=self.verifier, drafter=self.drafter, tree=tree))
+    return tuple(out)
 
 
 def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
@@ -130,25 +162,20 @@ def _finish(
     )
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
   state = commit(state, new_tokens, accepted + 1, eos_id)
-  if method.gamma:
+  if method.drafter is not None:
     if features is not None:
       draft_state = method.drafter.absorb(draft_state, features, start, state)
     draft_state = method.drafter.rollback(draft_state, state)
   return state.replace(spec=spec.replace(draft=draft_state))
 
 
-def target_forward(params, tokens, cache, cfg, method: Method, slots: int | None = None):
-  """The target over tokens[B, T]: (logits, cache or pending, features or None).
+def target_forward(params, tokens, cache, cfg, method: Method):
+  """The target over tokens[B, T]: (logits, cache, features or None).
 
-  Captures the drafter's `feature_layers` when it has some; `slots` set: the read-only
-  forward_pending (features padded to `slots` positions too).
+  Captures the drafter's `feature_layers` when it has some.
   """
   capture = method.drafter.feature_layers if method.drafter is not None else ()
-  model = cfg.family
-  if slots is None:
-    out = model.forward(params, tokens, cache, cfg, capture=capture)
-  else:
-    out = model.forward_pending(params, tokens, cache, cfg, slots, capture=capture)
+  out = cfg.family.forward(params, tokens, cache, cfg, capture=capture)
   return out if capture else (*out, None)
 
 
@@ -165,9 +192,8 @@ def _lookup_step(
 
   Plain steps run in a loop of their own while no row of the batch has a proposal, then
   one verification (of a chain, or of a tree for tree methods) runs. Neither sits inside
-  a branch, so both update the target cache in place at the cost of an ordinary forward
-  pass (a lax.cond between them needs the read-only attention of the family's
-  `forward_pending`, which costs ~8% more here). Each plain step counts as one iteration.
+  a branch, so both update the target cache in place (inside a lax.cond XLA would copy
+  it). Each plain step counts as one iteration.
   """
   drafter, target, max_gamma = method.drafter, params['target'], method.gamma
 
@@ -295,65 +321,32 @@ def _tree_round(
   )
 
 
-def _iteration(
-  params,
-  state: DecodeState,
-  gamma: int,
-  max_gamma: int,
-  key,
-  *,
-  cfg,
-  method: Method,
-  sampling,
-  pending: bool = False,
-):
-  """One draft-and-verify round with `gamma` draft tokens (0: a plain step).
+def _iteration(params, state: DecodeState, key, *, cfg, method: Method, sampling):
+  """One draft-and-verify round of method.gamma draft tokens (0: a plain step).
 
-  Returns (new tokens [B, max_gamma + 1] of which accepted + 1 count, accepted [B],
-  drafted [B], target cache, features, draft state). With `pending` (inside a lax.cond
-  or lax.switch), the target cache is only read, and the fourth output is the new
-  entries of max_gamma + 1 slots (the family's forward_pending), to be written after.
-  `features` (None unless the drafter reads target features) are padded to
-  max_gamma + 1 positions.
+  Returns (new tokens [B, gamma + 1] of which accepted + 1 count, accepted [B], drafted
+  [B], target cache, features (None unless the drafter reads target features), draft
+  state).
   """
   k_draft, k_verify = jax.random.split(key)
   last = state.last_tokens[:, None]  # [B, 1]
   draft_state = state.spec.draft
   target = params['target']
-
-  def run_target(tokens):
-    slots = max_gamma + 1 if pending else None
-    logits, cache, feats = target_forward(target, tokens, state.cache, cfg, method, slots)
-    if feats is not None and feats.shape[1] < max_gamma + 1:
-      feats = jnp.pad(feats, ((0, 0), (0, max_gamma + 1 - feats.shape[1]), (0, 0)))
-    return logits, cache, feats
-
-  def plain(_):
-    logits, cache, feats = run_target(last)
+  if method.gamma == 0:
+    logits, cache, feats = target_forward(target, last, state.cache, cfg, method)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(state.num_generated)
-    return jnp.pad(token, ((0, 0), (0, max_gamma))), zeros, zeros, cache, feats
-
-  if gamma == 0:
-    return (*plain(None), draft_state)
+    return token, zeros, zeros, cache, feats, draft_state
   draft, q, draft_state = method.drafter.propose(
-    params['draft'], draft_state, state, k_draft, gamma, sampling
+    params['draft'], draft_state, state, k_draft, method.gamma, sampling
   )
-
-  def speculative(_):
-    logits, cache, feats = run_target(jnp.concatenate([last, draft], 1))  # [B, K+1, V]
-    return (
-      *_verify(logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=max_gamma),
-      cache,
-      feats,
-    )
-
-  if method.drafter.skip_when_empty:
-    # Nothing proposed anywhere in the batch: a plain step costs less than verification.
-    out = jax.lax.cond(method.drafter.has_proposals(draft_state), speculative, plain, None)
-  else:
-    out = speculative(None)
-  return (*out, draft_state)
+  logits, cache, feats = target_forward(
+    target, jnp.concatenate([last, draft], 1), state.cache, cfg, method
+  )  # [B, K+1, V]
+  new_tokens, accepted, drafted = _verify(
+    logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=method.gamma
+  )
+  return new_tokens, accepted, drafted, cache, feats, draft_state
 
 
 def step(
@@ -365,8 +358,18 @@ def step(
   sampling: sampling_lib.SamplingConfig,
   eos_id: int,
 ) -> DecodeState:
-  """One iteration for every row (done rows compute but do not change)."""
-  if method.gamma and method.drafter.skip_when_empty and method.adaptive is None:
+  """One iteration for every row (done rows compute but do not change).
+
+  Under adaptive control: one iteration of the setting the controller picks (a
+  lax.switch, so the branches copy the target cache; `decode` avoids that).
+  """
+  if method.adaptive is not None:
+    kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
+    branches = [
+      functools.partial(_adaptive_iteration, params, arm=i, **kw) for i in range(len(method.arms))
+    ]
+    return jax.lax.switch(adaptive_lib.choose(method.adaptive, state.spec.control), branches, state)
+  if method.gamma and method.drafter.skip_when_empty:
     return _lookup_step(params, state, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
   if method.tree is not None:
     key, sub = jax.random.split(state.key)
@@ -386,37 +389,11 @@ def step(
       eos_id=eos_id,
     )
   key, sub = jax.random.split(state.key)
-  # Branching iterations leave the target cache read-only inside the branches and write
-  # the new entries once after them: XLA would otherwise copy the whole cache.
-  branching = method.adaptive is not None
-  run = functools.partial(
-    _iteration,
-    params,
-    state,
-    max_gamma=method.gamma,
-    key=sub,
-    cfg=cfg,
-    method=method,
-    sampling=sampling,
-    pending=branching,
+  new_tokens, accepted, drafted, cache, feats, draft_state = _iteration(
+    params, state, sub, cfg=cfg, method=method, sampling=sampling
   )
-  if method.adaptive is None:
-    new_tokens, accepted, drafted, cache, feats, draft_state = run(method.gamma)
-  else:
-    ctrl = state.spec.control
-    ran = adaptive_lib.choose(method.adaptive, ctrl)
-    branches = [functools.partial(lambda g, _: run(g), g) for g in method.adaptive.choices]
-    new_tokens, accepted, drafted, cache, feats, draft_state = jax.lax.switch(ran, branches, None)
-    active = ~state.done
-    control = adaptive_lib.update(
-      method.adaptive, ctrl, ran, jnp.where(active, accepted, 0), jnp.where(active, drafted, 0)
-    )
-    state = state.replace(spec=state.spec.replace(control=control))
-  if branching:
-    cache = cfg.family.write_pending(state.cache, cache)
-  state = state.replace(key=key)
   return _finish(
-    state,
+    state.replace(key=key),
     new_tokens,
     accepted,
     drafted,
@@ -426,6 +403,41 @@ def step(
     eos_id=eos_id,
     features=feats,
   )
+
+
+def _adaptive_iteration(
+  params, state: DecodeState, *, arm: int, cfg, method: Method, sampling, eos_id
+) -> DecodeState:
+  """One ordinary iteration of adaptive setting `arm` (static), then the controller's update
+  from what it recorded."""
+  before = state.step
+  state = step(params, state, cfg=cfg, method=method.arms[arm], sampling=sampling, eos_id=eos_id)
+  last = jnp.maximum(state.step - 1, 0)
+  ran = state.step > before  # an iteration counted (not a verification after every row ended)
+  spec = state.spec
+  drafted = jnp.where(ran, spec.drafted[:, last], 0)
+  stops = None if spec.stops is None else spec.stops[:, last]
+  control = adaptive_lib.update(
+    method.adaptive, spec.control, jnp.int32(arm), spec.accepted[:, last], drafted, stops
+  )
+  return state.replace(spec=spec.replace(control=control))
+
+
+def _adaptive_decode(params, state: DecodeState, **kw) -> DecodeState:
+  """Adaptive control's loop: each setting runs its own inner while_loop, updating the target
+  cache in place, for as long as the controller keeps choosing it; the lax.switch between
+  settings (which copies the cache) runs only when the choice changes."""
+  config = kw['method'].adaptive
+  choose = lambda s: adaptive_lib.choose(config, s.spec.control)
+
+  def segment(arm, s):
+    body = functools.partial(_adaptive_iteration, params, arm=arm, **kw)
+    stay = lambda s: ~jnp.all(s.done) & (choose(s) == arm)
+    return jax.lax.while_loop(stay, body, body(s))
+
+  segments = [functools.partial(segment, i) for i in range(len(config.arms))]
+  body = lambda s: jax.lax.switch(choose(s), segments, s)
+  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
 
 
 def decode(
@@ -438,5 +450,8 @@ def decode(
   eos_id: int,
 ) -> DecodeState:
   """Runs `step` inside one lax.while_loop until every row is done."""
-  body = lambda s: step(params, s, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
+  kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
+  if method.adaptive is not None:
+    return _adaptive_decode(params, state, **kw)
+  body = lambda s: step(params, s, **kw)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

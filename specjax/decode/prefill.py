@@ -77,6 +77,6 @@ def prefill(
     drafted=history,
     draft=draft_state,
     control=control if method.adaptive is not None else None,
-    stops=history if method.tree is not None else None,
+    stops=history if method.tree_specs else None,
   )
   return state.replace(spec=spec)
