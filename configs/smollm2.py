@@ -56,6 +56,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'dynamic:SIZE-DEPTH-WIDTH' (EAGLE-2's dynamic tree; for prompt lookup a trie of WIDTH
   # earlier matches) or a static shape such as '4x2x1x1' (draft models and the head).
   c.trees = ()
+  # Static shapes adaptive control may also choose, e.g. ('2x1', '3x2x1') (drafts that can
+  # fill a static shape: draft models and the head; prompt lookup keeps to chains).
+  c.adaptive_trees = ()
   c.methods = ''  # a comma-separated subset of the methods above ('' runs them all)
   c.measure_costs = True  # time draft and verify steps: c, the cost model, adaptive control
   return c

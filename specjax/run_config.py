@@ -42,6 +42,7 @@ FIELDS = {
   'verifier': f'one of {list(registry.VERIFIERS.names)}',
   'gammas': 'fixed draft lengths',
   'adaptive_gammas': 'draft lengths adaptive control chooses from (with 0)',
+  'adaptive_trees': 'static tree shapes adaptive control also chooses from (e.g. 4x2x1)',
   'trees': 'token trees every draft also runs (dynamic:SIZE-DEPTH-WIDTH, or a shape like 4x2x1)',
   'methods': 'a comma-separated subset of the methods, or others in the same syntax',
   'measure_costs': 'time draft and verify steps before decoding',
@@ -97,6 +98,7 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
       tree_lib.parse_tree(text)
     except ValueError as e:
       raise ValueError(f'config.trees: {e}') from None
+  adaptive_trees(c)
   config_lib.check(
     c.verifier in registry.VERIFIERS, 'verifier', c.verifier, f'one of {registry.VERIFIERS.names}'
   )
@@ -123,6 +125,22 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
   for spec in dict.fromkeys(m.draft for m in methods if m.draft):
     registry.parse_draft(spec)
   return methods
+
+
+def adaptive_trees(config) -> tuple[tree_lib.TreeShape, ...]:
+  """config.adaptive_trees parsed (static shapes only: adaptive control predicts a tree
+  from its shape), with an error naming the field."""
+  shapes = []
+  for text in tuple(config.get('adaptive_trees', ())):
+    try:
+      shapes.append(tree_lib.parse_shape(text))
+    except ValueError as e:
+      raise ValueError(f'config.adaptive_trees: {e} (dynamic trees cannot be chosen)') from None
+  return tuple(shapes)
+
+
+def has_adaptive(config) -> bool:
+  return bool(config.adaptive_gammas) or bool(tuple(config.get('adaptive_trees', ())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,13 +190,13 @@ def build_methods(config) -> list[MethodName]:
   """Autoregressive first, then every draft at every gamma (and adaptive), or config.methods.
 
   The declared set is config.drafts x config.gammas, plus '<draft>@adaptive' per draft
-  when config.adaptive_gammas is set. config.methods (comma separated) picks a subset
-  of those, or names others in the same syntax.
+  when config.adaptive_gammas or config.adaptive_trees is set. config.methods (comma
+  separated) picks a subset of those, or names others in the same syntax.
   """
   declared = [AUTOREGRESSIVE]
   for spec in config.drafts:
     declared += [MethodName(f'{spec}@{g}', spec, g) for g in config.gammas]
-    if config.adaptive_gammas:
+    if has_adaptive(config):
       declared.append(MethodName(f'{spec}@adaptive', spec, 0, True))
     declared += [MethodName(f'{spec}@{t}', spec, 0, False, t) for t in config.get('trees', ())]
   if not config.methods:
@@ -192,8 +210,10 @@ def build_methods(config) -> list[MethodName]:
       method = known.get(text.strip()) or parse_method(text)
     except ValueError as e:
       raise ValueError(f'config.methods: {e}; this config declares: {", ".join(known)}') from None
-    if method.adaptive and not config.adaptive_gammas:
-      raise ValueError(f'config.methods: {method.name} needs config.adaptive_gammas')
+    if method.adaptive and not has_adaptive(config):
+      raise ValueError(
+        f'config.methods: {method.name} needs config.adaptive_gammas or config.adaptive_trees'
+      )
     if method.name not in {m.name for m in chosen}:
       chosen.append(method)
   return chosen

@@ -20,6 +20,7 @@ from specjax.bench import costs as costs_lib
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
+from specjax.core.tree import TreeSpec
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 from specjax.models import sharding as sharding_lib
@@ -72,6 +73,21 @@ def build_engines(config, model: loader.LoadedModel, methods) -> dict[str, Engin
   return engines
 
 
+def adaptive_trees_of(config, engine, methods, spec: str) -> tuple:
+  """The config's adaptive trees this draft's adaptive method can draft (static shapes;
+  prompt lookup, which drafts only tries, keeps to chains)."""
+  if not any(m.adaptive and m.draft == spec for m in methods):
+    return ()
+  out = []
+  for shape in run_config.adaptive_trees(config):
+    try:
+      engine.drafter.check_tree(TreeSpec(shape=shape))
+    except ValueError:
+      continue
+    out.append(shape)
+  return tuple(out)
+
+
 def measure_costs(config, engines, methods, cache_size: int, say) -> dict:
   """Per draft: the measured cost of proposing and verifying each gamma (target shared)."""
   start = time.perf_counter()
@@ -81,7 +97,8 @@ def measure_costs(config, engines, methods, cache_size: int, say) -> dict:
       wanted = set(COST_GAMMAS) | set(config.adaptive_gammas)
       wanted |= {m.gamma for m in methods if m.draft == spec and m.gamma}
       gammas = tuple(sorted(g for g in wanted if g + 1 < cache_size))
-      drafts[spec] = (engine.drafter, engine.draft_params, gammas)
+      trees = adaptive_trees_of(config, engine, methods, spec)
+      drafts[spec] = (engine.drafter, engine.draft_params, gammas, trees)
   if not drafts:
     return {}
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
@@ -97,6 +114,10 @@ def measure_costs(config, engines, methods, cache_size: int, say) -> dict:
   )
   for spec, c in costs.items():
     units = ', '.join(f'{g}: {c.units(g)[0]:.2f}' for g in sorted(c.draft_ms))
+    units += ''.join(
+      f'; tree {t}: draft/step {d / step:.2f}, verify/step {v / step:.2f}'
+      for t, (d, v) in c.tree_ms.items()
+    )
     say(f'  {spec}: c = {c.c:.3f}; draft/step {units}')
   return costs
 
@@ -166,6 +187,16 @@ def main(
         engines[m.draft].method(verifier=config.verifier, sampling=sampling, tree=m.tree_spec)
       except ValueError as e:
         raise ValueError(f'method {m.name}: {e}') from None
+  trees_of = {}  # adaptive method -> the static trees its draft can fill
+  for m in (m for m in methods if m.adaptive):
+    trees_of[m.name] = adaptive_trees_of(config, engines[m.draft], methods, m.draft)
+    if len(trees_of[m.name]) < len(run_config.adaptive_trees(config)):
+      say(f'{m.name}: this draft cannot fill static trees; it chooses among chains')
+      if not config.adaptive_gammas:
+        raise ValueError(
+          f'method {m.name}: the draft cannot fill static trees and config.adaptive_gammas '
+          'is empty: nothing to choose from'
+        )
   drafts = {spec: e.drafter.name for spec, e in engines.items() if spec}
   for spec, name in drafts.items():
     untrained = '  (an untrained stand-in: expect low acceptance)' if 'untrained' in name else ''
@@ -178,13 +209,15 @@ def main(
       raise ValueError(f'prompt {p.id!r}: {e}') from None
   cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
   costs = measure_costs(config, engines, methods, cache_size, say) if config.measure_costs else {}
-  adaptive = {
-    m.name: AdaptiveConfig.from_costs(costs[m.draft], config.adaptive_gammas)
-    if m.draft in costs
-    else AdaptiveConfig(gammas=config.adaptive_gammas)
-    for m in methods
-    if m.adaptive
-  }
+  adaptive = {}
+  for m in (m for m in methods if m.adaptive):
+    trees = trees_of[m.name]
+    if m.draft in costs:
+      adaptive[m.name] = AdaptiveConfig.from_costs(
+        costs[m.draft], config.adaptive_gammas, trees=trees
+      )
+    else:
+      adaptive[m.name] = AdaptiveConfig(gammas=config.adaptive_gammas, trees=trees)
   records, compile_seconds = decode_all(
     config, engines, methods, workload, encoded, model.tokenizer, adaptive, say
   )

@@ -245,9 +245,9 @@ def test_command_line_overrides_and_errors(tmp_path):
   assert typo.stderr.strip().splitlines() == [
     "error: --config.gamas: configs/smollm2.py has no field 'gamas'; did you mean gammas or "
     'adaptive_gammas? '
-    '(known: adaptive_gammas, batch_size, cache_size, drafts, dtype, gammas, max_new_tokens, '
-    'measure_costs, mesh, methods, model, num_prompts, prompt, prompts, seed, temperature, '
-    'top_k, top_p, trees, verifier)'
+    '(known: adaptive_gammas, adaptive_trees, batch_size, cache_size, drafts, dtype, gammas, '
+    'max_new_tokens, measure_costs, mesh, methods, model, num_prompts, prompt, prompts, seed, '
+    'temperature, top_k, top_p, trees, verifier)'
   ]
 
 
@@ -268,6 +268,18 @@ def test_tree_methods_run_through_the_harness(tmp_path):
   assert tree and all(d == 10 for r in tree for d in r['drafted'])  # nodes verified
 
 
+def test_adaptive_trees_run_through_the_harness(tmp_path):
+  config = tiny_config(
+    num_prompts=2, adaptive_trees=('2x1',), methods='truncated:1@adaptive,ngram@adaptive'
+  )
+  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  for name in ('truncated:1@adaptive', 'ngram@adaptive'):
+    assert summary['methods'][name]['greedy_mismatches'] == 0, name
+  # The draft model's tree was timed for the controller; prompt lookup keeps to chains.
+  assert list(summary['costs']['truncated:1']['tree_ms']) == ['0;1;0.0;1.0']
+  assert summary['costs']['ngram']['tree_ms'] == {}
+
+
 def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
   def no_loading(*args, **kwargs):
     raise AssertionError('a model was loaded before the config was checked')
@@ -279,6 +291,8 @@ def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
     run_lib.main(tiny_config(gama=3), str(tmp_path), verbose=False)
   with pytest.raises(ValueError, match="unknown draft 'ngrm'.*did you mean 'ngram'"):
     run_lib.main(tiny_config(drafts=('ngrm',)), str(tmp_path), verbose=False)
+  with pytest.raises(ValueError, match='config.adaptive_trees: .*dynamic trees cannot be chosen'):
+    run_lib.main(tiny_config(adaptive_trees=('dynamic:4-2-2',)), str(tmp_path), verbose=False)
   with pytest.raises(ValueError, match='k >= 1 and 0 <= max_mismatches < k'):
     run_lib.main(tiny_config(drafts=('consensus:2,k=1,m=1',)), str(tmp_path), verbose=False)
 
