@@ -4,7 +4,9 @@ r"""Token trees against chains on SmolLM2-135M-Instruct: tokens per call, speed,
       --methods chain:4,chain:8,dynamic:16-6-4,4x2x1x1x1x1 --out experiments/tree_bench/results
 
 Methods: `chain:G` (the drafter's chain of G tokens), a tree (specjax.core.tree.parse_tree:
-`dynamic:SIZE-DEPTH-WIDTH` or a static shape such as `4x2x1x1`). Every method and
+`dynamic:SIZE-DEPTH-WIDTH` or a static shape such as `4x2x1x1`), or adaptive control
+choosing among off and the given chains and static trees (`adaptive:2/4/3x2x1`, with
+costs measured here first). Every method and
 autoregressive decoding run on the same prompts, interleaved prompt batch by prompt batch
 (`--rounds` times over the set; figures are medians over rounds of per-round totals).
 It reports tokens per target call, tok/s (prefill included), speedup over autoregressive
@@ -27,6 +29,7 @@ from specjax import registry
 from specjax.bench import costs as costs_lib
 from specjax.bench import provenance, tables
 from specjax.checkpoints import loader
+from specjax.control.adaptive import AdaptiveConfig
 from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
@@ -48,15 +51,23 @@ FLAGS = flags.FLAGS
 
 
 def parse_method(text: str):
-  """'chain:G' -> ('chain', G); anything else a tree -> ('tree', TreeSpec)."""
+  """'chain:G' -> ('chain', G); 'adaptive:2/4/3x2x1' -> ('adaptive', (gammas, shapes));
+  anything else a tree -> ('tree', TreeSpec)."""
   if text.startswith('chain:'):
     return 'chain', int(text[len('chain:') :])
+  if text.startswith('adaptive:'):
+    arms = text[len('adaptive:') :].split('/')
+    gammas = tuple(sorted(int(a) for a in arms if a.isdigit()))
+    shapes = tuple(tree_lib.parse_shape(a) for a in arms if not a.isdigit())
+    return 'adaptive', (gammas, shapes)
   return 'tree', tree_lib.parse_tree(text)
 
 
 def run_method(engine, method, prompts, sampling, seed):
   kind, arg = method
   kwargs = {'gamma': arg} if kind == 'chain' else {'tree': arg} if kind == 'tree' else {}
+  if kind == 'adaptive':
+    kwargs = {'adaptive': arg}
   return engine.generate(prompts, FLAGS.max_new, sampling, seed=seed, **kwargs)
 
 
@@ -98,6 +109,18 @@ def main(argv):
   forward_ms = costs_lib.fastest(timers, repeats=5)
   verify = {n: forward_ms[n + 1] / forward_ms[1] for n in sizes}
   print('verify cost / step by tree size N:', {n: round(v, 2) for n, v in verify.items()})
+  controllers = {}
+  for n, (kind, arg) in methods.items():  # adaptive control gets this machine's costs
+    if kind == 'adaptive':
+      gammas, shapes = arg
+      draft = (drafter, draft_params, gammas, shapes)
+      _, c = costs_lib.measure_drafts(
+        target.params, target.cfg, {'d': draft}, FLAGS.batch, cache_size, sampling
+      )
+      controllers[n] = c['d'].to_json()
+      methods[n] = kind, AdaptiveConfig.from_costs(c['d'], gammas, trees=shapes)
+      engine.method(sampling=sampling, adaptive=methods[n][1])
+      print(f'{n}: costs {controllers[n]}')
 
   per_round = {n: [] for n in names}
   texts = {n: [] for n in names}
@@ -124,12 +147,15 @@ def main(argv):
     ar_speed = statistics.median(t['tokens'] / t['seconds'] for t in per_round['autoregressive'])
     rows = [t for o in outs_all[n] for t in o.tokens]
     kind, arg = methods[n]
+    drafted = [d for o in outs_all[n] for row in o.drafted for d in row]
     results.append(
       {
         'method': n,
         'kind': kind,
-        'nodes': arg.nodes if kind == 'tree' else arg,
-        'depth': arg.max_depth if kind == 'tree' else arg,
+        'nodes': arg.nodes if kind == 'tree' else arg if kind != 'adaptive' else None,
+        'depth': arg.max_depth if kind == 'tree' else arg if kind != 'adaptive' else None,
+        # iterations by nodes verified (0: plain steps), last round
+        'iterations_by_nodes': {d: drafted.count(d) for d in sorted(set(drafted))},
         'tokens_per_second': speed,
         'tokens_per_call': tpc,
         'speedup': speed / ar_speed,
@@ -156,6 +182,7 @@ def main(argv):
     'rounds': FLAGS.rounds,
     'forward_ms': forward_ms,
     'verify_cost_by_nodes': verify,
+    'adaptive_costs': controllers,
     'best_chain': best_chain['method'] if best_chain else None,
   }
   out = pathlib.Path(FLAGS.out)
