@@ -7,11 +7,8 @@ particular architecture by name:
 
   forward(params, tokens[B, T], cache, cfg, layers=None) -> (float32 logits[B, T, V], cache)
   forward_hidden(params, tokens[B, T], cache, cfg, layers=None) -> (hidden[B, T, D], cache)
-  forward_pending(params, tokens[B, T], cache, cfg, slots) -> (logits[B, T, V], pending)
-      the cache only read; `pending` holds the new entries padded to `slots` positions
-  each of the three with `capture=(i, ...)` (static) also returns, last, the residual
+  each of the two with `capture=(i, ...)` (static) also returns, last, the residual
       stream entering those layers, concatenated: features[B, T, len(capture) * D]
-  write_pending(cache, pending) -> cache          lengths advance by `slots`
   logits(params, hidden[..., D], cfg) -> float32 logits[..., V]
   init_cache(cfg, batch, cache_size, dtype) -> an empty cache (lengths 0)
   check_params(cfg, params, source) -> None       raises ValueError naming a bad tensor
@@ -66,8 +63,6 @@ class Family:
   name: str
   forward: Callable[..., Any]
   forward_hidden: Callable[..., Any]
-  forward_pending: Callable[..., Any]
-  write_pending: Callable[..., Any]
   logits: Callable[..., Any]
   init_cache: Callable[..., Any]
   check_params: Callable[..., Any]

@@ -213,37 +213,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
   return _cache_values(probs, v).reshape(b, t, n, h)
 
 
-def attention_split(
-  q: jax.Array,
-  k_old: jax.Array,
-  v_old: jax.Array,
-  mask_old: jax.Array,
-  k_new: jax.Array,
-  v_new: jax.Array,
-  mask_new: jax.Array,
-) -> jax.Array:
-  """attention() over [old slots, new entries] without concatenating them (no cache copy).
-
-  q[B, T, N, H]; k_old, v_old[B, G, S, H] (the cache) with mask_old[B, T, S]; k_new,
-  v_new[B, T', G, H] (as projected) with mask_new[B, T, T']. One softmax over both parts.
-  """
-  b, t, n, h = q.shape
-  g = k_old.shape[1]
-  q = q.reshape(b, t, g, n // g, h)
-  scale = h**-0.5
-  s_old = _cache_scores(q, k_old) * scale
-  s_new = jnp.einsum('BTGRH,BSGH->BGRTS', q, k_new).astype(jnp.float32) * scale
-  s_old = jnp.where(mask_old[:, None, None], s_old, -1e30)
-  s_new = jnp.where(mask_new[:, None, None], s_new, -1e30)
-  top = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
-  p_old, p_new = jnp.exp(s_old - top), jnp.exp(s_new - top)
-  total = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
-  out = _cache_values(p_old / total, v_old) + jnp.einsum(
-    'BGRTS,BSGH->BTGRH', (p_new / total).astype(v_new.dtype), v_new
-  )
-  return out.reshape(b, t, n, h)
-
-
 def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
   """buffer[b, :, positions[b, t]] = new[b, t] for a head-major buffer [B, G, S, H] and
   new[B, T, G, H]; writes past the end are dropped.
@@ -412,82 +381,6 @@ def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
   return cache.replace(k=[move(k) for k in cache.k], v=[move(v) for v in cache.v])
 
 
-def _forward_hidden_pending(
-  params: Params,
-  tokens: jax.Array,
-  cache: KVCache,
-  cfg: LlamaConfig,
-  layers: tuple[int, ...] | None = None,
-  capture: tuple[int, ...] = (),
-):
-  """forward_hidden that leaves the cache untouched and returns the new keys and values.
-
-  Returns (hidden [B, T, D], (k, v)): per layer [B, T, G, H] entries for slots
-  lengths .. lengths + T - 1 (None for skipped layers), to be written with
-  `write_pending`. Attention covers the cache's first `lengths` slots plus the new
-  entries, exactly as `forward_hidden` after its write. Inside a lax.cond / lax.switch
-  this keeps the (large) cache a read-only operand: XLA then need not copy it for every
-  branch, and the one write happens after the branch.
-  """
-  b, t = tokens.shape
-  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
-  old_mask = jnp.arange(cache.cache_size)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
-  old_mask = jnp.broadcast_to(old_mask, (b, t, cache.cache_size))
-  new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
-  new_k: list[Any] = [None] * cfg.n_layers
-  new_v: list[Any] = [None] * cfg.n_layers
-
-  def attend(i, q, k, v):
-    new_k[i], new_v[i] = k, v
-    return attention_split(
-      q,
-      cache.k[i],
-      cache.v[i],
-      old_mask,
-      k.astype(cache.k[i].dtype),
-      v.astype(cache.v[i].dtype),
-      new_mask,
-    )
-
-  out = _decoder(params, tokens, positions, cfg, layers, attend, capture)
-  return (out, (new_k, new_v)) if not capture else (out[0], (new_k, new_v), out[1])
-
-
-def forward_pending(
-  params: Params,
-  tokens: jax.Array,
-  cache: KVCache,
-  cfg: LlamaConfig,
-  slots: int,
-  capture: tuple[int, ...] = (),
-):
-  """forward that leaves the cache untouched: (float32 logits [B, T, V], pending).
-
-  `pending` holds the new keys and values of `slots` >= T positions (zeros past T), for
-  `write_pending` to write after the branch that produced them (see
-  _forward_hidden_pending), so every branch of a lax.switch returns the same shapes.
-  With `capture`: (logits, pending, features [B, slots, len(capture) * D]), zeros past T.
-  """
-  out = _forward_hidden_pending(params, tokens, cache, cfg, capture=capture)
-  x, (ks, vs) = out[:2]
-  pad = lambda a: jnp.pad(a, ((0, 0), (0, slots - a.shape[1])) + ((0, 0),) * (a.ndim - 2))
-  result = (logits_from_hidden(params, x, cfg), ([pad(k) for k in ks], [pad(v) for v in vs]))
-  return result if not capture else (*result, pad(out[2]))
-
-
-def write_pending(cache: KVCache, pending) -> KVCache:
-  """Writes `pending` (from forward_pending) at each row's length; lengths += T.
-
-  Entries are written at slots lengths .. lengths + T - 1 (past the end: dropped).
-  """
-  new_k, new_v = pending
-  t = next(k for k in new_k if k is not None).shape[1]
-  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)
-  ks = [c if k is None else _write(c, k, positions) for c, k in zip(cache.k, new_k)]
-  vs = [c if v is None else _write(c, v, positions) for c, v in zip(cache.v, new_v)]
-  return KVCache(k=ks, v=vs, lengths=cache.lengths + t)
-
-
 def logits_from_hidden(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
   """Output head: hidden [..., D] -> float32 logits [..., V].
 
@@ -526,8 +419,6 @@ FAMILY = contract.Family(
   name='llama',
   forward=forward,
   forward_hidden=forward_hidden,
-  forward_pending=forward_pending,
-  write_pending=write_pending,
   logits=logits_from_hidden,
   init_cache=init_cache,
   check_params=check_params,
