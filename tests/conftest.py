@@ -30,6 +30,16 @@ def _bounded_compiled_programs():
     gc.collect()
 
 
+@pytest.fixture(autouse=True, scope='module')
+def _programs_dropped_after_each_file():
+  """Two workers share the machine's memory: a file's compiled programs go when it ends."""
+  yield
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+
+
 @pytest.fixture(scope='session')
 def smollm2():
   """specjax's LoadedModel of SmolLM2-135M-Instruct (fetched into the cache on first use)."""

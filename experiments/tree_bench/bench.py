@@ -148,6 +148,10 @@ def main(argv):
     rows = [t for o in outs_all[n] for t in o.tokens]
     kind, arg = methods[n]
     drafted = [d for o in outs_all[n] for row in o.drafted for d in row]
+    # Batches: the share of row-iterations spent on rows that had already finished.
+    idle = 1 - sum(len(row) for o in outs_all[n] for row in o.accepted) / sum(
+      o.steps * len(o.accepted) for o in outs_all[n]
+    )
     results.append(
       {
         'method': n,
@@ -156,6 +160,7 @@ def main(argv):
         'depth': arg.max_depth if kind == 'tree' else arg if kind != 'adaptive' else None,
         # iterations by nodes verified (0: plain steps), last round
         'iterations_by_nodes': {d: drafted.count(d) for d in sorted(set(drafted))},
+        'finished_row_fraction': idle,
         'tokens_per_second': speed,
         'tokens_per_call': tpc,
         'speedup': speed / ar_speed,
@@ -198,6 +203,7 @@ def main(argv):
     'tokens/call vs best chain',
     'speed vs best chain',
     'greedy mismatches',
+    'finished rows',
   ]
   rows = [
     [
@@ -209,6 +215,7 @@ def main(argv):
       f'{r.get("tokens_per_call_vs_best_chain", float("nan")):.2f}x',
       f'{r.get("speed_vs_best_chain", float("nan")):.2f}x',
       r['greedy_mismatches'] if FLAGS.temperature == 0 else None,
+      f'{r["finished_row_fraction"]:.0%}',
     ]
     for r in results
   ]

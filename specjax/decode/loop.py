@@ -431,9 +431,11 @@ def _adaptive_decode(params, state: DecodeState, **kw) -> DecodeState:
   choose = lambda s: adaptive_lib.choose(config, s.spec.control)
 
   def segment(arm, s):
-    body = functools.partial(_adaptive_iteration, params, arm=arm, **kw)
-    stay = lambda s: ~jnp.all(s.done) & (choose(s) == arm)
-    return jax.lax.while_loop(stay, body, body(s))
+    # At least one iteration (the setting was just chosen), then on while it stays chosen;
+    # the flag keeps the iteration traced once.
+    body = lambda c: (_adaptive_iteration(params, c[0], arm=arm, **kw), jnp.bool_(False))
+    stay = lambda c: c[1] | (~jnp.all(c[0].done) & (choose(c[0]) == arm))
+    return jax.lax.while_loop(stay, body, (s, jnp.bool_(True)))[0]
 
   segments = [functools.partial(segment, i) for i in range(len(config.arms))]
   body = lambda s: jax.lax.switch(choose(s), segments, s)
