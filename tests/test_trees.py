@@ -225,7 +225,7 @@ def test_the_chi_square_test_catches_a_wrong_tree_verifier(small_vocab, monkeypa
     ({'verifier': 'block'}, 'block verification is proved for chains only'),
     (
       {'adaptive': __import__('specjax.control.adaptive', fromlist=['x']).AdaptiveConfig()},
-      'adaptive control chooses among chains',
+      'an adaptive method chooses its trees itself',
     ),
   ],
 )
