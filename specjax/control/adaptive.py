@@ -159,9 +159,6 @@ class AdaptiveConfig:
     """Sibling ranks tracked: 1 + the largest rank of any tree (1 with chains only)."""
     return 1 + max((max(t.ranks) for t in self.trees), default=0)
 
-  def is_tree(self, index: int) -> bool:
-    return index > len(self.gammas)
-
 
 @struct.dataclass
 class ControlState:
