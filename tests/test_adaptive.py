@@ -83,6 +83,24 @@ def test_the_rank_model_learns_each_ranks_acceptance():
   np.testing.assert_allclose(a[1, 1], 0.25, atol=0.03)
 
 
+def test_the_controllers_counts_agree_with_the_cost_models_rank_acceptance():
+  """adaptive._tree_counts (jnp, in the loop) and cost_model.rank_acceptance (NumPy, from a
+  run's records) are one notion of depth/rank acceptance: the same stops give the same
+  trials and rates."""
+  import jax.numpy as jnp
+
+  shape = parse_shape('3x2x1')
+  config = adaptive.AdaptiveConfig(gammas=(1,), trees=(shape,))
+  stops = np.random.default_rng(0).integers(0, shape.size + 1, 200)
+  s, f = adaptive._tree_counts(config, shape, jnp.asarray(stops), jnp.ones(200, bool))
+  s, f = np.asarray(s)[: shape.depth], np.asarray(f)[: shape.depth]
+  accept, trials = cost_model.rank_acceptance(shape, stops, max_rank=config.ranks)
+  np.testing.assert_array_equal(s + f, trials)
+  tried = trials > 0
+  np.testing.assert_allclose((s / np.maximum(s + f, 1))[tried], accept[tried], atol=1e-6)
+  assert tried[0].sum() == 3 and tried[1].sum() == 2 and tried[2].sum() == 1
+
+
 def test_a_tree_that_pays_is_chosen_and_one_that_does_not_is_only_probed():
   chains = dict(gammas=(1, 2, 3), draft_cost=(0.0,) * 3, verify_cost=(1.1, 1.1, 1.1))
   # alpha 0.5: the chain of 3 makes 1.88 tokens (1.70x), the tree 2.86 (2.2x at cost 1.3).

@@ -110,17 +110,19 @@ def main(argv):
   verify = {n: forward_ms[n + 1] / forward_ms[1] for n in sizes}
   print('verify cost / step by tree size N:', {n: round(v, 2) for n, v in verify.items()})
   controllers = {}
-  for n, (kind, arg) in methods.items():  # adaptive control gets this machine's costs
-    if kind == 'adaptive':
-      gammas, shapes = arg
-      draft = (drafter, draft_params, gammas, shapes)
-      _, c = costs_lib.measure_drafts(
-        target.params, target.cfg, {'d': draft}, FLAGS.batch, cache_size, sampling
-      )
+  adaptive_methods = {n: arg for n, (kind, arg) in methods.items() if kind == 'adaptive'}
+  if adaptive_methods:  # one measurement of this machine's costs, shared by every controller
+    every_gamma = tuple(sorted({g for gammas, _ in adaptive_methods.values() for g in gammas}))
+    every_shape = tuple(dict.fromkeys(t for _, shapes in adaptive_methods.values() for t in shapes))
+    draft = (drafter, draft_params, every_gamma, every_shape)
+    _, c = costs_lib.measure_drafts(
+      target.params, target.cfg, {'d': draft}, FLAGS.batch, cache_size, sampling
+    )
+    print(f'adaptive costs: {c["d"].to_json()}')
+    for n, (gammas, shapes) in adaptive_methods.items():
       controllers[n] = c['d'].to_json()
-      methods[n] = kind, AdaptiveConfig.from_costs(c['d'], gammas, trees=shapes)
+      methods[n] = 'adaptive', AdaptiveConfig.from_costs(c['d'], gammas, trees=shapes)
       engine.method(sampling=sampling, adaptive=methods[n][1])
-      print(f'{n}: costs {controllers[n]}')
 
   per_round = {n: [] for n in names}
   texts = {n: [] for n in names}

@@ -20,7 +20,8 @@ current choice by a factor 1 + `hysteresis`: speculation turns off when no setti
 by that margin, and back on only when one does, so estimates near break-even do not flap.
 
 While off, nothing is learned, so after `probe_every` plain steps the controller runs
-one speculative iteration at the smallest draft length (a probe); each probe that leaves
+one speculative iteration with the setting it predicts best (a probe: the setting it
+would turn back on with, so the evidence is the evidence that matters); each probe that leaves
 it off doubles the wait before the next (up to `probe_every * probe_backoff` steps), so a
 draft that never pays costs little more than plain decoding. While a chain runs, ranks
 past 0 are never seen, so every `explore_every` iterations the largest tree runs once
@@ -67,7 +68,7 @@ class AdaptiveConfig:
   hysteresis: float = 0.1
   probe_every: int = 16
   probe_backoff: int = 8  # the wait between probes grows up to probe_every * probe_backoff
-  probe_largest: bool = False  # probe with the largest gamma (more evidence, dearer)
+  probe_largest: bool = False  # probe with the largest gamma, not the best predicted setting
   explore_every: int = 32  # while on a chain, run the largest tree once this often (0: never)
   start_on: bool = True  # start at the best predicted setting under the prior (else off)
 
@@ -246,7 +247,10 @@ def _largest_tree(config: AdaptiveConfig) -> int:
 def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
   """The setting to run this iteration: the current choice, a probe when off for long, or
   a tree probe when a chain has run for long."""
-  probe = jnp.int32(len(config.gammas) if config.probe_largest else 1)
+  if config.probe_largest and config.gammas:
+    probe = jnp.int32(len(config.gammas))
+  else:
+    probe = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
   due = (ctrl.choice == 0) & (ctrl.since_probe >= ctrl.wait)
   ran = jnp.where(due, probe, ctrl.choice)
   if config.trees and config.explore_every:
@@ -283,7 +287,7 @@ def _tree_counts(config: AdaptiveConfig, shape: TreeShape, stops, tried):
 def update(
   config: AdaptiveConfig,
   ctrl: ControlState,
-  ran: jax.Array,
+  ran: jax.Array | int,
   accepted: jax.Array,
   drafted: jax.Array,
   stops: jax.Array | None = None,
@@ -292,16 +296,23 @@ def update(
   for a finished row), and for trees the node it stopped at) and re-decides."""
   tried = drafted > 0
   observed = jnp.any(tried)
+  # `ran` a Python int (the segmented loop's static arm): only that setting's counting is
+  # traced; a traced `ran` counts under every setting and keeps the one that ran.
+  static = isinstance(ran, (int, np.integer))
   is_chain = (ran >= 1) & (ran <= len(config.gammas))
-  s_k, f_k = _chain_counts(config, accepted, drafted)
   grid = jnp.zeros((config.depth, config.ranks), jnp.float32)
-  succ = grid.at[:, 0].set(jnp.where(is_chain, s_k, 0.0))
-  fail = grid.at[:, 0].set(jnp.where(is_chain, f_k, 0.0))
+  succ = fail = grid
+  if not static or is_chain:
+    s_k, f_k = _chain_counts(config, accepted, drafted)
+    succ = grid.at[:, 0].set(jnp.where(is_chain, s_k, 0.0))
+    fail = grid.at[:, 0].set(jnp.where(is_chain, f_k, 0.0))
   for t, shape in enumerate(config.trees):
+    this = ran == 1 + len(config.gammas) + t
+    if static and not this:
+      continue
     s_t, f_t = _tree_counts(
       config, shape, jnp.zeros_like(accepted) if stops is None else stops, tried
     )
-    this = ran == 1 + len(config.gammas) + t
     succ, fail = succ + jnp.where(this, s_t, 0.0), fail + jnp.where(this, f_t, 0.0)
   s, f = jnp.sum(succ), jnp.sum(fail)
   # Evidence ages with time, not only with observations: after a gap of plain steps a
@@ -309,6 +320,7 @@ def update(
   age = 1.0 + ctrl.since_probe.astype(jnp.float32) / config.probe_every
   decay = jnp.where(observed, config.decay**age, 1.0)
   ran_tree = ran > len(config.gammas)
+  ran = jnp.int32(ran)
   ctrl = ctrl.replace(
     successes=decay * ctrl.successes + succ,
     failures=decay * ctrl.failures + fail,

@@ -418,7 +418,7 @@ def _adaptive_iteration(
   drafted = jnp.where(ran, spec.drafted[:, last], 0)
   stops = None if spec.stops is None else spec.stops[:, last]
   control = adaptive_lib.update(
-    method.adaptive, spec.control, jnp.int32(arm), spec.accepted[:, last], drafted, stops
+    method.adaptive, spec.control, arm, spec.accepted[:, last], drafted, stops
   )
   return state.replace(spec=spec.replace(control=control))
 
