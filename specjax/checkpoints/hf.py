@@ -1,7 +1,10 @@
-"""Hugging Face style directories (config.json + *.safetensors) for Llama-architecture models.
+"""Hugging Face style directories (config.json + *.safetensors) of the Llama lineage.
 
     export_hf(directory, cfg, params, tokenizer)   # loadable by transformers.LlamaForCausalLM
     cfg, params = load_hf(directory)                # host numpy arrays, specjax tree layout
+
+load_hf reads the model types in HF_ARCHS (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3 and
+Gemma 3's text model) into specjax.models.llama's one decoder; export_hf writes Llama.
 
 Hugging Face stores linear weights as torch (out, in) matrices and Q/K rows in half-split
 ("rotate_half") order, the order specjax uses, so the only transform is a transpose.
@@ -42,6 +45,21 @@ LAYER_TENSORS: tuple[tuple[str, str, str], ...] = (
   ('model.layers.{i}.mlp.up_proj.weight', 'w_up', LINEAR),
   ('model.layers.{i}.mlp.down_proj.weight', 'w_down', LINEAR),
 )
+# Per family: the layer tensors beyond Llama's, and Gemma 3's names for its four norms.
+EXTRA_LAYER_TENSORS: dict[str, tuple[tuple[str, str, str], ...]] = {
+  'qwen2': tuple(
+    (f'model.layers.{{i}}.self_attn.{x}_proj.bias', f'b{x}', COPY) for x in ('q', 'k', 'v')
+  ),
+  'qwen3': (
+    ('model.layers.{i}.self_attn.q_norm.weight', 'q_norm', COPY),
+    ('model.layers.{i}.self_attn.k_norm.weight', 'k_norm', COPY),
+  ),
+}
+GEMMA_NORMS = {
+  'post_attention_layernorm': 'attn_post_norm',  # Gemma: after attention, not before the MLP
+  'pre_feedforward_layernorm': 'mlp_norm',
+  'post_feedforward_layernorm': 'mlp_post_norm',
+}
 # Buffers some exporters write that carry no parameters.
 IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 
@@ -56,8 +74,12 @@ def tensor_table(cfg: LlamaConfig) -> list[tuple[str, tuple[Any, ...], str]]:
     for name, key, kind in GLOBAL_TENSORS
     if key != 'lm_head' or not cfg.tie_embeddings
   ]
+  layer = list(LAYER_TENSORS) + list(EXTRA_LAYER_TENSORS.get(cfg.arch, ()))
+  if cfg.arch == 'gemma3':
+    layer = [t for t in layer if t[1] != 'mlp_norm'] + list(EXTRA_LAYER_TENSORS['qwen3'])
+    layer += [(f'model.layers.{{i}}.{n}.weight', key, COPY) for n, key in GEMMA_NORMS.items()]
   for i in range(cfg.n_layers):
-    table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in LAYER_TENSORS]
+    table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in layer]
   return table
 
 
@@ -127,6 +149,8 @@ def export_hf(
   Returns:
     The directory, as a Path.
   """
+  if cfg.arch != 'llama':
+    raise ValueError(f'export_hf writes Llama models only, got a {cfg.arch!r} config')
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   tensors, shapes = {}, cfg.param_shapes()
@@ -148,40 +172,129 @@ def _keystr(path: tuple[Any, ...]) -> str:
   return ''.join(f'[{k!r}]' for k in path)
 
 
-def _rope_base(config: dict[str, Any], file: pathlib.Path) -> float:
-  """RoPE base of a plain (unscaled) RoPE, from either transformers 4 or 5 style fields."""
-  rope = config.get('rope_parameters') or config.get('rope_scaling') or {}
+HF_ARCHS = {
+  'llama': 'llama',
+  'mistral': 'mistral',
+  'qwen2': 'qwen2',
+  'qwen3': 'qwen3',
+  'gemma3_text': 'gemma3',
+}
+
+
+def _rope(rope: dict[str, Any], base: float, file: pathlib.Path, where: str) -> tuple:
+  """(RoPE base, rope_scaling tuple) from a transformers rope_parameters / rope_scaling dict."""
+  rope = rope or {}
   kind = rope.get('rope_type', rope.get('type', 'default'))
-  if kind != 'default':
-    raise ValueError(f'{file}: RoPE type {kind!r} is not supported (only plain RoPE)')
-  return float(rope.get('rope_theta', config.get('rope_theta', 10000.0)))
+  base = float(rope.get('rope_theta', base))
+  if kind == 'default':
+    return base, ()
+  if kind == 'linear':
+    return base, ('linear', float(rope['factor']))
+  if kind == 'llama3':
+    keys = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
+    missing = [k for k in keys if k not in rope]
+    if missing:
+      raise ValueError(f'{file}: {where} of type llama3 lacks {missing}')
+    return base, ('llama3', *(float(rope[k]) for k in keys))
+  raise ValueError(f'{file}: {where} type {kind!r} is not supported (default, linear or llama3)')
+
+
+def _unsupported(config: dict[str, Any], file: pathlib.Path, checks) -> None:
+  """Raises ValueError for the first field set to something but the one value supported."""
+  for key, ok in checks:
+    if config.get(key) not in (None, ok):
+      raise ValueError(f'{file}: {key}={config[key]!r} is not supported (need {ok!r})')
 
 
 def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE) -> LlamaConfig:
-  """A LlamaConfig from config.json contents; missing fields take transformers' defaults."""
+  """A LlamaConfig from config.json contents; missing fields take transformers' defaults.
+
+  Raises ValueError naming the file and field of an unsupported architecture or setting.
+  """
   file = pathlib.Path(file)
-  if config.get('model_type') != 'llama':
+  model_type = config.get('model_type')
+  if model_type not in HF_ARCHS:
     raise ValueError(
-      f'{file}: model_type {config.get("model_type")!r} is not supported '
-      "(load_hf reads 'llama' models only)"
+      f'{file}: model_type {model_type!r} is not supported (load_hf reads {sorted(HF_ARCHS)}'
+      + (
+        "; for Gemma 3's multimodal checkpoints give the text model, gemma3_text)"
+        if model_type == 'gemma3'
+        else ')'
+      )
     )
-  for key, ok in (('hidden_act', 'silu'), ('attention_bias', False), ('mlp_bias', False)):
-    if config.get(key, ok) != ok:
-      raise ValueError(f'{file}: {key}={config[key]!r} is not supported (need {ok!r})')
+  arch = HF_ARCHS[model_type]
+  gemma = arch == 'gemma3'
+  act_key = 'hidden_activation' if gemma else 'hidden_act'
+  act = config.get(act_key) or ('gelu_pytorch_tanh' if gemma else 'silu')
+  activation = {'silu': 'silu', 'gelu_pytorch_tanh': 'gelu_tanh'}.get(act)
+  if activation is None:
+    raise ValueError(
+      f"{file}: {act_key}={act!r} is not supported (need 'silu' or 'gelu_pytorch_tanh')"
+    )
+  checks = [('mlp_bias', False)]
+  if arch != 'qwen2':
+    checks.append(('attention_bias', False))
+  if arch in ('qwen2', 'qwen3'):
+    checks.append(('use_sliding_window', False))
+  if gemma:
+    checks += [
+      ('final_logit_softcapping', None),
+      ('attn_logit_softcapping', None),
+      ('use_bidirectional_attention', False),
+    ]
+  _unsupported(config, file, checks)
   try:
     d_model, n_heads = int(config['hidden_size']), int(config['num_attention_heads'])
+    n_layers = int(config['num_hidden_layers'])
+    rope = config.get('rope_parameters') or config.get('rope_scaling') or {}
+    default_base = float(config.get('rope_theta', 10000.0))
+    kwargs: dict[str, Any] = {}
+    if gemma:
+      if 'full_attention' in rope:  # transformers 5: one dict per layer type
+        base, scaling = _rope(rope['full_attention'], default_base, file, 'rope_parameters')
+        local, _ = _rope(rope.get('sliding_attention'), 10000.0, file, 'rope_parameters')
+      else:
+        base, scaling = _rope(rope, default_base, file, 'rope_scaling')
+        local = float(config.get('rope_local_base_freq', 10000.0))
+      types = config.get('layer_types')
+      if types is None:
+        pattern = int(config.get('sliding_window_pattern', 6))
+        types = [
+          'full_attention' if (i + 1) % pattern == 0 else 'sliding_attention'
+          for i in range(n_layers)
+        ]
+      kwargs = dict(
+        qk_norm=True,
+        sandwich_norms=True,
+        norm_offset=1.0,
+        scale_embeddings=True,
+        query_scale=float(config.get('query_pre_attn_scalar', 256)) ** -0.5,
+        sliding_window=int(config.get('sliding_window') or 4096),
+        layer_types=tuple('full' if t == 'full_attention' else 'sliding' for t in types),
+        rope_local_base=local,
+      )
+    else:
+      base, scaling = _rope(rope, default_base, file, 'rope_parameters')
+      kwargs = dict(qkv_bias=arch == 'qwen2', qk_norm=arch == 'qwen3')
+      if arch == 'mistral' and config.get('sliding_window'):
+        kwargs['sliding_window'] = int(config['sliding_window'])
     return LlamaConfig(
       vocab_size=int(config['vocab_size']),
       d_model=d_model,
-      n_layers=int(config['num_hidden_layers']),
+      n_layers=n_layers,
       n_heads=n_heads,
       n_kv_heads=int(config.get('num_key_value_heads') or n_heads),
       head_dim=int(config.get('head_dim') or d_model // n_heads),
       ffn_dim=int(config['intermediate_size']),
-      rope_base=_rope_base(config, file),
+      rope_base=base,
       norm_eps=float(config.get('rms_norm_eps', 1e-6)),
-      tie_embeddings=bool(config.get('tie_word_embeddings', False)),
+      tie_embeddings=bool(config.get('tie_word_embeddings', gemma)),
       max_seq_len=int(config.get('max_position_embeddings', 2048)),
+      name=model_type,
+      arch=arch,
+      activation=activation,
+      rope_scaling=scaling,
+      **kwargs,
     )
   except KeyError as e:
     raise ValueError(f'{file}: required field {e.args[0]!r} is missing') from e
@@ -217,7 +330,8 @@ def _check_names(directory: pathlib.Path, cfg: LlamaConfig, table: list, names: 
 
 
 def load_hf(directory: str | os.PathLike, dtype: Any = np.float32) -> tuple[LlamaConfig, Params]:
-  """Reads a Hugging Face Llama directory into (config, tree of host numpy arrays in `dtype`).
+  """Reads a Hugging Face directory (a model type of HF_ARCHS) into (config, tree of host
+  numpy arrays in `dtype`).
 
   Reads every *.safetensors file (sharded checkpoints too); bf16 and f16 weights are converted.
 

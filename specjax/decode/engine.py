@@ -275,8 +275,18 @@ class Engine:
     shape_key = (tokens.shape, out_len, cache_size, sampling, method)
     compile_seconds = 0.0
     if shape_key not in self._warm:
+      # The warm-up compiles, then runs one decode iteration: on XLA:CPU the first
+      # execution of a loop body is ~2x slower than later ones, so a warm-up that ran no
+      # iteration left that cost in the first timed batch. An adaptive method warms
+      # every setting once (each starts one warm-up as the controller's choice).
       start = time.perf_counter()
-      self._run(tokens, lengths, np.ones_like(max_new), out_len, cache_size, sampling, seed, method)
+      controls = [None]
+      if method.adaptive is not None:
+        first = jax.device_get(adaptive_lib.init(method.adaptive))
+        controls = [first.replace(choice=np.int32(a)) for a in range(len(method.adaptive.arms))]
+      warm = np.minimum(max_new, 2)
+      for control in controls:
+        self._run(tokens, lengths, warm, out_len, cache_size, sampling, seed, method, control)
       compile_seconds = time.perf_counter() - start
       self._warm.add(shape_key)
     out = self._run(tokens, lengths, max_new, out_len, cache_size, sampling, seed, method)
@@ -284,11 +294,15 @@ class Engine:
     return out
 
   def _run(
-    self, tokens, lengths, max_new, out_len, cache_size, sampling, seed, method
+    self, tokens, lengths, max_new, out_len, cache_size, sampling, seed, method, warm_control=None
   ) -> GenerationOutput:
+    """One batch; with `warm_control` (a warm-up run) the controller starts from it and
+    what it learns is dropped."""
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
     control = self._control.get((method, sampling))  # host copies: decode donates its state
+    if warm_control is not None:
+      control = warm_control
     if method.adaptive is not None and control is None:  # a state, never None: no recompile
       control = jax.device_get(adaptive_lib.init(method.adaptive))
     state = self._prefill(
@@ -325,7 +339,7 @@ class Engine:
     if method.adaptive is not None:
       final = jax.device_get(state.spec.control)
       switches = int(final.switches) - int(control.switches)
-      if max_new.max() > 1:  # not the warm-up run
+      if warm_control is None:  # not a warm-up run
         self._control[(method, sampling)] = final
     return GenerationOutput(
       tokens=[row[:n].tolist() for row, n in zip(out_tokens, counts)],

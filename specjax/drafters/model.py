@@ -201,7 +201,12 @@ def truncated_target(cfg: llama.LlamaConfig, params, num_layers: int):
   """
   if not 1 <= num_layers < cfg.n_layers:
     raise ValueError(f'a truncated draft needs 1 <= layers < {cfg.n_layers}, got {num_layers}')
-  draft_cfg = dataclasses.replace(cfg, n_layers=num_layers, name=f'{cfg.name}[:{num_layers}]')
+  draft_cfg = dataclasses.replace(
+    cfg,
+    n_layers=num_layers,
+    name=f'{cfg.name}[:{num_layers}]',
+    layer_types=cfg.layer_types[:num_layers],
+  )
   draft_params = {k: v for k, v in params.items() if k != 'layers'}
   draft_params['layers'] = params['layers'][:num_layers]
   return draft_cfg, draft_params

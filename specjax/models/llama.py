@@ -1,4 +1,9 @@
-"""The Llama family: a decoder as pure functions over a plain parameter pytree.
+"""The Llama lineage of decoders as pure functions over a plain parameter pytree: Llama
+(2 and 3.x, with Llama-3 RoPE scaling), Mistral (sliding-window attention), Qwen2 / Qwen2.5
+(Q, K, V biases), Qwen3 (Q/K norms) and Gemma 3 (interleaved local sliding-window and
+global layers with their own RoPE bases, Q/K norms, norms before and after each block
+with a (1 + w) scale, scaled embeddings, GeGLU). One decoder with static switches in
+`LlamaConfig` serves them all; `cfg.arch` names the family a config belongs to.
 
 It implements the model contract (specjax/core/contract.py; `FAMILY`, reached from a
 config as `cfg.family`), shared by drafts and targets:
@@ -14,7 +19,11 @@ Parameter tree (weights stored (in, out), so that a layer is `x @ w`):
     {'embed': [V, D],
      'layers': [{'attn_norm': [D], 'wq': [D, N*H], 'wk': [D, G*H], 'wv': [D, G*H],
                  'wo': [N*H, D], 'mlp_norm': [D],
-                 'w_gate': [D, F], 'w_up': [D, F], 'w_down': [F, D]}, ...],   # L layers
+                 'w_gate': [D, F], 'w_up': [D, F], 'w_down': [F, D],
+                 # qkv_bias: 'bq': [N*H], 'bk': [G*H], 'bv': [G*H]
+                 # qk_norm: 'q_norm': [H], 'k_norm': [H]
+                 # sandwich_norms: 'attn_post_norm': [D], 'mlp_post_norm': [D]
+                 }, ...],   # L layers
      'final_norm': [D],
      'lm_head': [D, V]}            # only when embeddings are not tied
 
@@ -60,6 +69,21 @@ class LlamaConfig:
   tie_embeddings: bool = True
   max_seq_len: int = 2048
   name: str = 'llama'
+  arch: str = 'llama'  # the family: one of ARCHS
+  qkv_bias: bool = False  # Qwen2: biases on the Q, K and V projections
+  qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head's queries and keys
+  sandwich_norms: bool = False  # Gemma 3: a norm after attention and after the MLP too
+  norm_offset: float = 0.0  # Gemma: norms scale by (offset + w)
+  activation: str = 'silu'  # the gated MLP's: 'silu' (SwiGLU) or 'gelu_tanh' (GeGLU)
+  scale_embeddings: bool = False  # Gemma: embeddings times sqrt(d_model)
+  query_scale: float = 0.0  # attention scores' scale; 0: head_dim ** -0.5
+  sliding_window: int = 0  # keys within this many positions of the query; 0: none
+  # Per layer, 'sliding' or 'full' (Gemma 3 interleaves them); () with a window: all sliding.
+  layer_types: tuple[str, ...] = ()
+  rope_local_base: float = 0.0  # sliding layers' RoPE base (Gemma 3); 0: rope_base
+  # RoPE scaling of the full layers: () none, ('linear', factor), or ('llama3', factor,
+  # low_freq_factor, high_freq_factor, original_max_position_embeddings).
+  rope_scaling: tuple = ()
 
   def __post_init__(self):
     for field in (
@@ -86,6 +110,41 @@ class LlamaConfig:
         f'LlamaConfig.rope_base and norm_eps must be positive, got '
         f'{self.rope_base} and {self.norm_eps}'
       )
+    if self.arch not in ARCHS:
+      raise ValueError(f'LlamaConfig.arch must be one of {ARCHS}, got {self.arch!r}')
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(
+        f'LlamaConfig.activation must be one of {tuple(ACTIVATIONS)}, got {self.activation!r}'
+      )
+    if self.sliding_window < 0 or self.query_scale < 0 or self.rope_local_base < 0:
+      raise ValueError('LlamaConfig.sliding_window, query_scale and rope_local_base must be >= 0')
+    object.__setattr__(self, 'layer_types', tuple(self.layer_types))
+    object.__setattr__(self, 'rope_scaling', tuple(self.rope_scaling))
+    if self.layer_types and (
+      len(self.layer_types) != self.n_layers
+      or any(t not in ('sliding', 'full') for t in self.layer_types)
+    ):
+      raise ValueError(
+        f"LlamaConfig.layer_types needs 'sliding' or 'full' for each of the {self.n_layers} "
+        f'layers, got {self.layer_types}'
+      )
+    if 'sliding' in self.layer_types and not self.sliding_window:
+      raise ValueError('LlamaConfig.layer_types has sliding layers but sliding_window is 0')
+    kind = self.rope_scaling[0] if self.rope_scaling else None
+    if kind not in (None, 'linear', 'llama3') or (
+      len(self.rope_scaling) != {None: 0, 'linear': 2, 'llama3': 5}.get(kind, -1)
+    ):
+      raise ValueError(
+        "LlamaConfig.rope_scaling must be (), ('linear', factor) or ('llama3', factor, "
+        f'low_freq_factor, high_freq_factor, original_max_position_embeddings), got '
+        f'{self.rope_scaling}'
+      )
+
+  def is_sliding(self, i: int) -> bool:
+    """Whether layer i attends within the sliding window."""
+    if not self.sliding_window:
+      return False
+    return not self.layer_types or self.layer_types[i] == 'sliding'
 
   @property
   def family(self) -> contract.Family:
@@ -94,10 +153,8 @@ class LlamaConfig:
 
   @property
   def num_params(self) -> int:
-    d, f, h = self.d_model, self.ffn_dim, self.head_dim
-    per_layer = 2 * d + d * h * (self.n_heads * 2 + self.n_kv_heads * 2) + 3 * d * f
-    head = 0 if self.tie_embeddings else d * self.vocab_size
-    return self.vocab_size * d + self.n_layers * per_layer + d + head
+    shapes = jax.tree_util.tree_leaves(self.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
+    return int(sum(np.prod(s) for s in shapes))
 
   def param_shapes(self) -> Params:
     """Shapes of every parameter, in the layout described in the module docstring."""
@@ -114,6 +171,12 @@ class LlamaConfig:
       'w_up': (d, f),
       'w_down': (f, d),
     }
+    if self.qkv_bias:
+      layer.update(bq=(nh,), bk=(gh,), bv=(gh,))
+    if self.qk_norm:
+      layer.update(q_norm=(self.head_dim,), k_norm=(self.head_dim,))
+    if self.sandwich_norms:
+      layer.update(attn_post_norm=(d,), mlp_post_norm=(d,))
     shapes = {
       'embed': (self.vocab_size, d),
       'layers': [dict(layer) for _ in range(self.n_layers)],
@@ -125,16 +188,19 @@ class LlamaConfig:
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> Params:
-  """Random parameters (normal(0, scale) matrices, unit norms)."""
+  """Random parameters: normal(0, scale) matrices and biases, norms that scale by about 1
+  (1 + normal(0, scale) in total, whatever the family's norm offset)."""
   shapes = cfg.param_shapes()
-  leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(
+    shapes, is_leaf=lambda x: isinstance(x, tuple)
+  )
   keys = jax.random.split(key, len(leaves))
-  out = [
-    jnp.ones(s, dtype)
-    if len(s) == 1
-    else (scale * jax.random.normal(k, s, jnp.float32)).astype(dtype)
-    for k, s in zip(keys, leaves)
-  ]
+  out = []
+  for k, (path, s) in zip(keys, leaves):
+    w = scale * jax.random.normal(k, s, jnp.float32)
+    if jax.tree_util.keystr(path).endswith("norm']"):
+      w = (1.0 - cfg.norm_offset) + (w if cfg.norm_offset else 0.0)
+    out.append(w.astype(dtype))
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -162,15 +228,37 @@ def check_params(cfg: LlamaConfig, params: Params, source: str = 'params') -> No
       )
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+  """RMSNorm over the last axis, scaled by (offset + weight), computed in float32."""
   x32 = x.astype(jnp.float32)
   x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (x32 * weight.astype(jnp.float32)).astype(x.dtype)
+  return (x32 * (offset + weight.astype(jnp.float32))).astype(x.dtype)
 
 
-def rope_tables(positions: jax.Array, head_dim: int, base: float):
+ARCHS = ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3')
+ACTIVATIONS = {'silu': jax.nn.silu, 'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def inverse_frequencies(head_dim: int, base: float, scaling: tuple = ()) -> np.ndarray:
+  """RoPE's [H/2] inverse frequencies, with Llama-3 or linear scaling (see LlamaConfig)."""
+  inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  if not scaling:
+    return inv_freq.astype(np.float32)
+  factor = scaling[1]
+  if scaling[0] == 'linear':
+    return (inv_freq / factor).astype(np.float32)
+  _, factor, low, high, original = scaling  # Llama 3.1: long wavelengths slowed by `factor`
+  wavelen = 2 * np.pi / inv_freq
+  smooth = (original / wavelen - low) / (high - low)
+  mixed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  out = np.where(wavelen > original / low, inv_freq / factor, inv_freq)
+  medium = (wavelen <= original / low) & (wavelen >= original / high)
+  return np.where(medium, mixed, out).astype(np.float32)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, base: float, scaling: tuple = ()):
   """cos and sin tables [B, T, 1, H/2] for integer positions [B, T]."""
-  inv_freq = base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+  inv_freq = jnp.asarray(inverse_frequencies(head_dim, base, scaling))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
   return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
 
@@ -199,15 +287,18 @@ def _cache_values(probs: jax.Array, v: jax.Array) -> jax.Array:
   return out.reshape(b, g, r, t, v.shape[-1]).transpose(0, 3, 1, 2, 4)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 0.0
+) -> jax.Array:
   """Grouped-query attention.
 
   q[B, T, N, H] against the whole cache k, v[B, G, S, H] (head-major, as KVCache stores
-  them); mask[B, T, S] says which slots each query sees. Returns [B, T, N, H].
+  them); mask[B, T, S] says which slots each query sees; scores are scaled by `scale`
+  (0: H ** -0.5). Returns [B, T, N, H].
   """
   b, t, n, h = q.shape
   g = k.shape[1]
-  scores = _cache_scores(q.reshape(b, t, g, n // g, h), k) * (h**-0.5)
+  scores = _cache_scores(q.reshape(b, t, g, n // g, h), k) * (scale or h**-0.5)
   scores = jnp.where(mask[:, None, None], scores, -1e30)
   probs = jax.nn.softmax(scores, axis=-1)
   return _cache_values(probs, v).reshape(b, t, n, h)
@@ -242,13 +333,21 @@ def layer(
   `attend(q[B, T, N, H], k[B, T, G, H], v[B, T, G, H]) -> [B, T, N, H]` (RoPE applied)."""
   b, t, _ = x.shape
   n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-  y = rms_norm(x, p['attn_norm'], cfg.norm_eps)
-  q = apply_rope(dense(y, p['wq']).reshape(b, t, n, h), cos, sin)
-  k = apply_rope(dense(y, p['wk']).reshape(b, t, g, h), cos, sin)
-  v = dense(y, p['wv']).reshape(b, t, g, h)
-  x = x + dense(attend(q, k, v).reshape(b, t, n * h), p['wo'])
-  y = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
-  return x + dense(jax.nn.silu(dense(y, p['w_gate'])) * dense(y, p['w_up']), p['w_down'])
+  norm = lambda y, w: rms_norm(y, w, cfg.norm_eps, cfg.norm_offset)
+  y = norm(x, p['attn_norm'])
+  q, k, v = dense(y, p['wq']), dense(y, p['wk']), dense(y, p['wv'])
+  if cfg.qkv_bias:
+    q, k, v = q + p['bq'].astype(q.dtype), k + p['bk'].astype(k.dtype), v + p['bv'].astype(v.dtype)
+  q, k, v = q.reshape(b, t, n, h), k.reshape(b, t, g, h), v.reshape(b, t, g, h)
+  if cfg.qk_norm:
+    q, k = norm(q, p['q_norm']), norm(k, p['k_norm'])
+  q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+  y = dense(attend(q, k, v).reshape(b, t, n * h), p['wo'])
+  x = x + (norm(y, p['attn_post_norm']) if cfg.sandwich_norms else y)
+  y = norm(x, p['mlp_norm'])
+  act = ACTIVATIONS[cfg.activation]
+  y = dense(act(dense(y, p['w_gate'])) * dense(y, p['w_up']), p['w_down'])
+  return x + (norm(y, p['mlp_post_norm']) if cfg.sandwich_norms else y)
 
 
 def _decoder(
@@ -267,15 +366,21 @@ def _decoder(
   the residual stream entering each captured layer (n_layers: the stack's output before
   the final norm; Hugging Face's hidden_states[i]), concatenated to [B, T, len(capture) * D].
   """
-  cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_base)
+  full = rope_tables(positions, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
+  local = full
+  if cfg.rope_local_base and any(cfg.is_sliding(i) for i in range(cfg.n_layers)):
+    local = rope_tables(positions, cfg.head_dim, cfg.rope_local_base)
   x = quant.take(params['embed'], tokens)  # [B, T, D]
+  if cfg.scale_embeddings:  # in the embedding's dtype, as Gemma does
+    x = x * jnp.asarray(cfg.d_model**0.5, x.dtype)
   taken = {}
   for i in range(cfg.n_layers) if layers is None else layers:
     if i in capture:
       taken[i] = x
+    cos, sin = local if cfg.is_sliding(i) else full
     x = layer(params['layers'][i], x, cos, sin, cfg, lambda q, k, v, i=i: attend(i, q, k, v))
   taken[cfg.n_layers] = x
-  out = rms_norm(x, params['final_norm'], cfg.norm_eps)
+  out = rms_norm(x, params['final_norm'], cfg.norm_eps, cfg.norm_offset)
   if not capture:
     return out
   return out, jnp.concatenate([taken[i] for i in capture], axis=-1)
@@ -319,11 +424,17 @@ def _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capt
   cache `slots` [B, T] (past the end: dropped), attending to the slots mask[B, T, S]
   allows after the write. Returns (hidden, cache with lengths unchanged[, features])."""
   new_k, new_v = list(cache.k), list(cache.v)
+  windowed = mask
+  if cfg.sliding_window:  # keys at positions > the query's - window (slot = position in context)
+    near = jnp.arange(mask.shape[-1])[None, None, :] > positions[:, :, None] - cfg.sliding_window
+    windowed = mask & near
 
   def attend(i, q, k, v):
     new_k[i] = _write(cache.k[i], k, slots)
     new_v[i] = _write(cache.v[i], v, slots)
-    return attention(q, new_k[i], new_v[i], mask)
+    return attention(
+      q, new_k[i], new_v[i], windowed if cfg.is_sliding(i) else mask, cfg.query_scale
+    )
 
   out = _decoder(params, tokens, positions, cfg, layers, attend, capture)
   cache = KVCache(k=new_k, v=new_v, lengths=cache.lengths)

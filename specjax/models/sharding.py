@@ -25,6 +25,7 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
   (r'^embed$', P('model', None)),
   (r'^lm_head$', P(None, 'model')),
   (r'^layers/\d+/w[qkv]$', P(None, 'model')),
+  (r'^layers/\d+/b[qkv]$', P('model')),  # Qwen2's biases, split like their projections
   (r'^layers/\d+/wo$', P('model', None)),
   (r'^layers/\d+/w_(gate|up)$', P(None, 'model')),
   (r'^layers/\d+/w_down$', P('model', None)),
