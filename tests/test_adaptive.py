@@ -29,7 +29,9 @@ def test_turns_off_when_acceptance_collapses_and_back_on_when_it_recovers():
   for seed in range(3):
     gammas, _ = run(config, [(0.8, 300), (0.02, 500), (0.8, 500)], seed)
     good, bad, again = gammas[:300], gammas[300:800], gammas[800:]
-    assert np.mean(good[50:] == 4) > 0.9  # alpha 0.8 pays best at the largest gamma
+    # alpha 0.8 pays best at the largest gamma (climbing there from the prior's choice
+    # takes up to ~80 iterations: gamma 4 beats 2 by only 12%, near the hysteresis margin)
+    assert np.mean(good[100:] == 4) > 0.9
     assert np.mean(bad[100:] == 0) > 0.95  # off, apart from probes...
     assert np.mean(bad[200:] > 0) <= 0.02  # ...which back off while they fail
     assert np.mean(again[250:] > 0) > 0.95  # probes noticed the recovery

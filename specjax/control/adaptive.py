@@ -61,7 +61,7 @@ class AdaptiveConfig:
   trees: tuple[TreeShape, ...] = ()
   tree_draft_cost: tuple[float, ...] | None = None
   tree_verify_cost: tuple[float, ...] | None = None
-  decay: float = 0.9  # weight of older evidence per observed iteration
+  decay: float = 0.97  # weight of older evidence per observed iteration (~33 iterations)
   prior_alpha: float = 0.5
   prior_weight: float = 0.5
   rank_prior: float = 0.5  # prior of a rank-r child's acceptance: rank 0's times this^r
@@ -315,9 +315,10 @@ def update(
     )
     succ, fail = succ + jnp.where(this, s_t, 0.0), fail + jnp.where(this, f_t, 0.0)
   s, f = jnp.sum(succ), jnp.sum(fail)
-  # Evidence ages with time, not only with observations: after a gap of plain steps a
-  # probe weighs more against the stale counts.
-  age = 1.0 + ctrl.since_probe.astype(jnp.float32) / config.probe_every
+  # Evidence ages with time, not only with observations: each plain step since the last
+  # draft ages it a quarter as much as an observed iteration, so a probe after a long
+  # gap weighs more against the stale counts (and a recovery is seen within a few probes).
+  age = 1.0 + ctrl.since_probe.astype(jnp.float32) / 4
   decay = jnp.where(observed, config.decay**age, 1.0)
   ran_tree = ran > len(config.gammas)
   ran = jnp.int32(ran)

@@ -55,6 +55,7 @@ def init_from_target(
     ffn_dim=ffn,
     tie_embeddings=True,
     name=f'distilled[{len(layers)}L, {len(vocab_ids)} tokens]',
+    layer_types=tuple(target_cfg.layer_types[i] for i in layers) if target_cfg.layer_types else (),
   )
   embed = np.asarray(target_params['embed'])
   new_layers = []

@@ -188,8 +188,8 @@ class LlamaConfig:
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> Params:
-  """Random parameters: normal(0, scale) matrices and biases, norms that scale by about 1
-  (1 + normal(0, scale) in total, whatever the family's norm offset)."""
+  """Random parameters: normal(0, scale) matrices and biases; norms of weight 1, or for a
+  norm offset (Gemma's 1 + w) weight normal(0, scale), so they scale by about 1."""
   shapes = cfg.param_shapes()
   leaves, treedef = jax.tree_util.tree_flatten_with_path(
     shapes, is_leaf=lambda x: isinstance(x, tuple)
@@ -199,7 +199,7 @@ def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: floa
   for k, (path, s) in zip(keys, leaves):
     w = scale * jax.random.normal(k, s, jnp.float32)
     if jax.tree_util.keystr(path).endswith("norm']"):
-      w = (1.0 - cfg.norm_offset) + (w if cfg.norm_offset else 0.0)
+      w = w if cfg.norm_offset else jnp.ones(s, jnp.float32)
     out.append(w.astype(dtype))
   return jax.tree_util.tree_unflatten(treedef, out)
 
