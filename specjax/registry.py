@@ -1,6 +1,7 @@
 """The registry: every name a config or a spec can use, in one place.
 
-  FAMILIES     model families ('llama'): the model contract, specjax/core/contract.py
+  FAMILIES     model families ('llama': the Llama lineage, whose config switches also cover
+               Mistral, Qwen2/3 and Gemma 3): the model contract, specjax/core/contract.py
   DRAFTS       draft kinds ('ngram', 'layers', 'consensus', ...): specjax/drafters/
   VERIFIERS    'greedy', 'rejection', 'block': specjax/verify/
   DIVERGENCES  distillation losses ('forward_kl', 'tvd', ...): specjax/train/divergences.py
