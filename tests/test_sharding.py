@@ -64,3 +64,55 @@ def test_rules_replicate_dimensions_the_mesh_does_not_divide():
 def test_mesh_larger_than_the_machine_is_refused():
   with pytest.raises(ValueError, match='needs 64 devices'):
     sharding.make_mesh(data=8, model=8)
+
+
+FAMILY_SCRIPT = textwrap.dedent("""
+    import json, jax
+    from specjax.core.sampling import SamplingConfig
+    from specjax.core.tree import parse_tree
+    from specjax.decode.engine import Engine
+    from specjax.drafters import ModelDrafter, truncated_target
+    from specjax.models import llama, sharding
+    assert jax.device_count() == 8, jax.devices()
+    base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+                ffn_dim=48)
+    families = {
+        'qwen2': dict(arch='qwen2', qkv_bias=True),
+        'gemma3': dict(arch='gemma3', qk_norm=True, sandwich_norms=True, norm_offset=1.0,
+                       activation='gelu_tanh', scale_embeddings=True, query_scale=0.2,
+                       sliding_window=4, layer_types=('sliding', 'full', 'sliding'),
+                       rope_local_base=100.0, rope_scaling=('linear', 2.0)),
+    }
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
+    s = SamplingConfig(temperature=1.0)
+    mesh = sharding.make_mesh(data=4, model=2)
+    out = {}
+    for name, extra in families.items():
+      cfg = llama.LlamaConfig(**base, **extra)
+      params = llama.init_params(cfg, jax.random.key(7), scale=0.3)
+      draft_cfg, draft = truncated_target(cfg, params, 1)
+      kw = dict(eos_id=-1, cache_size=64, drafter=ModelDrafter(draft_cfg), draft_params=draft)
+      runs = []
+      for engine in (Engine(params, cfg, mesh=mesh, **kw), Engine(params, cfg, **kw)):
+        runs.append([engine.generate(prompts, 12).tokens,
+                     engine.generate(prompts, 12, gamma=3, verifier='greedy').tokens,
+                     engine.generate(prompts, 12, s, seed=3, gamma=3).tokens,
+                     engine.generate(prompts, 12, tree=parse_tree('2x2x1'),
+                                     verifier='greedy').tokens])
+      out[name] = runs
+    print('RESULT' + json.dumps(out))
+""")
+
+
+def test_new_families_decode_speculatively_sharded_as_on_one_device():
+  """Qwen2's sharded biases and Gemma 3's sliding and full layers, on a (4, 2) mesh: plain,
+  speculative (greedy and sampled with a fixed key) and tree decoding equal one device's."""
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+    [sys.executable, '-c', FAMILY_SCRIPT], env=env, capture_output=True, text=True, timeout=900
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT'))
+  for name, (sharded, single) in json.loads(line[len('RESULT') :]).items():
+    assert sharded == single, name
+    assert sharded[1] == sharded[0] and sharded[3] == sharded[0], name  # greedy identity
