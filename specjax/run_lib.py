@@ -15,7 +15,7 @@ import time
 import jax
 import ml_collections
 
-from specjax import metrics, registry, report, run_config
+from specjax import metrics, pairs, registry, report, run_config
 from specjax.bench import costs as costs_lib
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
@@ -170,7 +170,9 @@ def main(
   compile_seconds and kept out of every timing. Returns results.json's content.
   """
   say = print if verbose else (lambda *a, **k: None)
+  pairs.check_paths(config)  # a paper pair's config without its directories: what to pass
   methods = run_config.validate(config)
+  pairs.report_shapes(config, say)  # dry runs: the real models' bytes per device on the mesh
   out_dir = make_workdir(workdir)
   workload = load_workload(config)
   start = time.perf_counter()
@@ -237,4 +239,5 @@ def main(
   say(report.format_table(summary))
   say(report.format_best_gamma(summary))
   say(f'results in {out_dir}  (advice: python -m specjax.advise {out_dir})')
+  pairs.check_dry_run(config, summary, say)  # dry runs: speculative greedy == target greedy
   return summary

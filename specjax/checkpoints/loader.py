@@ -1,8 +1,9 @@
 """Loads a model and its tokenizer from one spec string (drafts: specjax/registry.py).
 
 Specs: a pinned asset name ('smollm2-135m-instruct'), a path to a .gguf file, a
-Hugging Face style directory (config.json + *.safetensors + tokenizer.json), or
-'tiny' (a random 2-layer model over bytes, for smoke tests).
+Hugging Face style directory (config.json + *.safetensors + tokenizer.json),
+'tiny' (a random 2-layer model over bytes, for smoke tests), or 'dry:<name>' (a paper
+pair's model of specjax/pairs.py shrunk to a tiny random one over bytes, for dry runs).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import assets, testing
+from specjax import assets, pairs, testing
 from specjax.checkpoints import gguf, hf
 from specjax.models.llama import LlamaConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
-MODEL_ASSETS = ('smollm2-135m-instruct',)
+MODEL_ASSETS = ('smollm2-135m-instruct', 'gemma3-270m')
+BASE_MODELS = ('gemma3-270m',)  # prompts as plain text: no chat template
 
 
 @dataclasses.dataclass
@@ -40,7 +42,7 @@ def parse_dtype(name: str):
 def check_model_spec(spec: str) -> None:
   """Raises ValueError unless `spec` names a model load_model can read (nothing is read;
   FileNotFoundError for a missing .gguf file)."""
-  if spec == 'tiny' or spec in MODEL_ASSETS or os.path.isdir(spec):
+  if spec == 'tiny' or spec in MODEL_ASSETS or os.path.isdir(spec) or pairs.check_model_spec(spec):
     return
   if spec.endswith('.gguf'):
     if not os.path.isfile(spec):
@@ -48,7 +50,7 @@ def check_model_spec(spec: str) -> None:
     return
   raise ValueError(
     f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to '
-    f'a .gguf file, a Hugging Face style directory, or "tiny"'
+    f'a .gguf file, a Hugging Face style directory, "tiny", or dry:<a model of specjax/pairs.py>'
   )
 
 
@@ -58,6 +60,9 @@ def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
 
   check_model_spec(spec)
   target_dtype = parse_dtype(dtype)
+  if spec.startswith(pairs.DRY):  # a paper pair's model shrunk to a tiny random one
+    cfg, params, tok, source = pairs.dry_model(spec, target_dtype)
+    return LoadedModel(cfg, params, tok, source)
   if spec == 'tiny':
     tok = testing.ByteTokenizer()
     cfg, params = testing.tiny_model(vocab_size=tok.vocab_size, max_seq_len=2048)
@@ -72,7 +77,8 @@ def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
     path = spec
 
   cfg, params = gguf.load_gguf(path)
-  return LoadedModel(cfg, _cast(params, target_dtype), Tokenizer.from_gguf(path), str(path))
+  tok = Tokenizer.from_gguf(path, use_chat_template=spec not in BASE_MODELS)
+  return LoadedModel(cfg, _cast(params, target_dtype), tok, str(path))
 
 
 def _cast(params, dtype):

@@ -262,13 +262,43 @@ def _parse_model(spec) -> str:
   return text
 
 
+@dataclasses.dataclass(frozen=True)
+class PaddedVocabDrafter(ModelDrafter):
+  """A draft model whose vocabulary rows are a prefix of the target's: one tokenizer, the
+  embedding padded to different sizes (Qwen2.5-0.5B's 151936 rows against 7B's 152064,
+  Gemma 3 270M's 262144 against 4B's 262208). Its logits are padded to the target's
+  `target_vocab` with -1e30: ids past its rows are never proposed (q = 0, still lossless)."""
+
+  target_vocab: int = 0
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target_vocab
+
+  def _pad(self, logits):
+    extra = self.target_vocab - logits.shape[-1]
+    return jnp.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, extra)], constant_values=-1e30)
+
+  def _forward(self, params, tokens, cache):
+    logits, cache = super()._forward(params, tokens, cache)
+    return self._pad(logits), cache
+
+  def _forward_masked(self, params, tokens, cache, positions, slots, mask):
+    logits, cache = super()._forward_masked(params, tokens, cache, positions, slots, mask)
+    return self._pad(logits), cache
+
+
 def _build_model(text, target, dtype):
-  """Any model with the target's vocabulary and tokenizer, as an independent draft."""
+  """Any model with the target's vocabulary and tokenizer, as an independent draft (a
+  vocabulary padded to fewer rows than the target's, with every id of its tokenizer, too)."""
   draft = loader.load_model(text, dtype)
-  if draft.cfg.vocab_size != target.cfg.vocab_size:
+  padded = draft.tokenizer.vocab_size <= draft.cfg.vocab_size < target.cfg.vocab_size
+  if draft.cfg.vocab_size != target.cfg.vocab_size and not padded:
     raise ValueError(
       f'draft {text!r} has a vocabulary of {draft.cfg.vocab_size} tokens but the '
-      f'target {target.source!r} has {target.cfg.vocab_size}: they must share one'
+      f'target {target.source!r} has {target.cfg.vocab_size}: they must share one (or the '
+      f"draft's rows be a prefix of the target's holding all {draft.tokenizer.vocab_size} ids "
+      'of its tokenizer)'
     )
   probe = 'Hello, world! def f(x): return x ** 2  # 12345'
   if draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
@@ -276,6 +306,10 @@ def _build_model(text, target, dtype):
       f'draft {text!r} tokenizes text differently from the target '
       f'{target.source!r}: they must share one tokenizer'
     )
+  if padded:
+    rows = target.cfg.vocab_size
+    name = f'draft model {text} (vocabulary {draft.cfg.vocab_size} padded to {rows})'
+    return PaddedVocabDrafter(draft.cfg, name=name, target_vocab=rows), draft.params
   return ModelDrafter(draft.cfg, name=f'draft model {text}'), draft.params
 
 

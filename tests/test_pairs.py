@@ -1,0 +1,153 @@
+"""The paper pairs (configs/pairs/, specjax/pairs.py): real shapes, dry runs, missing paths."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from specjax import config_lib, pairs, run_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAIR_CONFIGS = ('qwen2_5', 'llama3', 'gemma3', 'vicuna')
+
+
+@pytest.mark.parametrize('name', sorted(pairs.MODELS))
+def test_real_shapes_have_the_published_sizes(name):
+  shape = pairs.MODELS[name]
+  count = pairs.per_device(shape.cfg, 1, 1)['params']
+  assert abs(count / shape.published_params - 1) < 0.03, (name, count)
+
+
+def test_real_shapes_spot_checks():
+  """A few sizes written out (parameters of the real shapes, from the published configs)."""
+  sizes = {n: pairs.MODELS[n].cfg.num_params for n in pairs.MODELS}
+  assert round(sizes['qwen2.5-7b-instruct'] / 1e9, 2) == 7.62
+  assert round(sizes['llama-3.1-8b-instruct'] / 1e9, 2) == 8.03
+  assert round(sizes['llama-3.2-1b-instruct'] / 1e9, 3) == 1.236
+  assert round(sizes['gemma-3-4b-it'] / 1e9, 2) == 3.88
+  assert round(sizes['vicuna-7b-v1.3'] / 1e9, 2) == 6.74
+  assert round(sizes['vicuna-68m'] / 1e6) == 68
+  llama = pairs.MODELS['llama-3.1-8b-instruct'].cfg
+  assert llama.rope_scaling == ('llama3', 8.0, 1.0, 4.0, 8192.0)
+  assert pairs.MODELS['llama-3.2-1b'].cfg.rope_scaling[1] == 32.0
+  gemma = pairs.MODELS['gemma-3-4b-it'].cfg
+  assert gemma.layer_types[:6] == ('sliding',) * 5 + ('full',) and gemma.sliding_window == 1024
+  assert gemma.rope_scaling == ('linear', 8.0) and gemma.rope_local_base == 10000.0
+
+
+def test_per_device_bytes_on_a_mesh():
+  """Tensor parallelism over 4 devices splits Qwen2.5-7B's matrices; data parallelism none."""
+  cfg = pairs.MODELS['qwen2.5-7b-instruct'].cfg
+  one = pairs.per_device(cfg, 1, 1)
+  four = pairs.per_device(cfg, 2, 4)
+  assert one['params_per_device'] == one['params']
+  assert one['bytes_per_device'] == 2 * one['params']  # bfloat16
+  assert one['params'] / 4 <= four['params_per_device'] < one['params'] / 3.9  # norms replicate
+  assert four['kv_bytes_per_token_per_device'] == one['kv_bytes_per_token_per_device'] // 4
+
+
+@pytest.mark.parametrize('name', PAIR_CONFIGS)
+def test_missing_paths_are_one_clear_error(name, tmp_path):
+  config = config_lib.load_config(f'pairs/{name}.py')
+  pair = pairs.PAIRS[name]
+  with pytest.raises(ValueError) as e:
+    run_lib.main(config, str(tmp_path / 'out'), verbose=False)
+  text = str(e.value)
+  for field, model in (('model', pair.target), ('drafts', pair.draft)):
+    hf_id = pairs.MODELS[model].hf_id
+    assert f'config.{field} = ' in text and f'--config.{field}=' in text
+    assert f'huggingface-cli download {hf_id}' in text
+  assert not (tmp_path / 'out').exists()  # before any work
+  config.model = str(tmp_path)  # the target given, the draft still missing
+  with pytest.raises(ValueError, match='config.drafts') as e:
+    run_lib.main(config, str(tmp_path / 'out'), verbose=False)
+  assert 'config.model' not in str(e.value)
+
+
+def test_missing_paths_on_the_command_line():
+  proc = subprocess.run(
+    [sys.executable, '-m', 'specjax.run', '--config', 'configs/pairs/llama3.py'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert 'error: a paper pair needs its model directories' in proc.stderr
+  assert '--config.model=/models/Llama-3.1-8B-Instruct' in proc.stderr
+
+
+def test_paths_in_the_config_argument():
+  config = config_lib.load_config('pairs/vicuna.py', 'target=/m/vicuna-7b,draft=/m/vicuna-68m')
+  assert config.model == '/m/vicuna-7b' and config.drafts == ('/m/vicuna-68m',)
+  assert config.dtype == 'bfloat16'
+  base = config_lib.load_config('pairs/qwen2_5.py', 'base')
+  assert base.model == pairs.REQUIRED + 'qwen2.5-7b'
+
+
+def test_tiny_configs_keep_the_architecture():
+  for name, shape in pairs.MODELS.items():
+    real, tiny = shape.cfg, pairs.tiny_config(name)
+    for field in ('arch', 'qkv_bias', 'qk_norm', 'sandwich_norms', 'activation', 'rope_base'):
+      assert getattr(tiny, field) == getattr(real, field), (name, field)
+    assert tiny.rope_scaling == real.rope_scaling and tiny.rope_local_base == real.rope_local_base
+    assert (tiny.n_heads, tiny.n_kv_heads) == (real.n_heads, real.n_kv_heads)
+    assert tiny.tie_embeddings == real.tie_embeddings
+    assert tiny.layer_types == real.layer_types[: tiny.n_layers]
+    assert bool(tiny.sliding_window) == bool(real.sliding_window)
+  gemma = pairs.tiny_config('gemma-3-4b-it')
+  assert 'full' in gemma.layer_types and 'sliding' in gemma.layer_types
+  for pair in pairs.PAIRS.values():  # the target's padded vocabulary stays padded further
+    t, d = pairs.MODELS[pair.target].cfg, pairs.MODELS[pair.draft].cfg
+    assert (t.vocab_size > d.vocab_size) == (
+      pairs.tiny_config(pair.target).vocab_size > pairs.tiny_config(pair.draft).vocab_size
+    )
+
+
+DRY_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    import jax
+    from specjax import config_lib, run_lib
+    assert jax.device_count() == 8, jax.devices()
+    out = {}
+    for name in sys.argv[1].split(','):
+      start = time.perf_counter()
+      config = config_lib.load_config(f'pairs/{name}.py', 'dry')
+      config.mesh.data, config.mesh.model = 2, 4
+      summary = run_lib.main(config, f'{sys.argv[2]}/{name}', verbose=True)
+      out[name] = {'methods': {k: {f: v.get(f) for f in ('greedy_mismatches', 'acceptance_rate')}
+                               for k, v in summary['methods'].items()},
+                   'source': summary.get('model'), 'seconds': time.perf_counter() - start}
+    print('RESULT' + json.dumps(out))
+""")
+
+
+def test_every_pair_dry_runs_sharded_on_eight_devices(tmp_path):
+  """One subprocess, 8 simulated devices, a (2, 4) mesh: each pair's dry run prints the real
+  shapes per device, then decodes its tiny random stand-ins speculatively (greedy), equal
+  to the target alone (run_lib raises otherwise), with drafts both accepted and rejected."""
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+    [sys.executable, '-c', DRY_SCRIPT, ','.join(PAIR_CONFIGS), str(tmp_path)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT'))
+  out = json.loads(line[len('RESULT') :])
+  assert set(out) == set(PAIR_CONFIGS)
+  for name, run in out.items():
+    pair = pairs.PAIRS[name]
+    hf_id = pairs.MODELS[pair.target].hf_id
+    assert f'{hf_id} real shapes on a (data 2, model 4) mesh' in proc.stdout
+    assert f'dry run dry:{pair.target}: speculative greedy output equals' in proc.stdout
+    spec = run['methods'][f'dry:{pair.draft}@3']
+    assert spec['greedy_mismatches'] == 0
+    assert 0 < spec['acceptance_rate'] < 1, (name, spec)  # accepts some drafts, rejects some
+  assert 'vocabulary 264 padded to 272' in proc.stdout  # Qwen2.5 and Gemma 3's padded vocab
