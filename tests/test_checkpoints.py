@@ -19,7 +19,7 @@ from specjax import testing
 from specjax.checkpoints import gguf as gguf_io
 from specjax.checkpoints import hf, orbax_io
 from specjax.models.kv_cache import KVCache
-from specjax.models.llama import LlamaConfig, forward
+from specjax.models.llama import LlamaConfig, forward, init_params
 
 TOKENS = np.array([[1, 5, 9, 3, 7, 2, 11, 60], [4, 4, 4, 8, 1, 0, 63, 17]], np.int32)
 
@@ -63,8 +63,10 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 def gguf_array(w: np.ndarray, kind: str, cfg: LlamaConfig) -> np.ndarray:
   """A tree leaf as llama.cpp's converter stores it (numpy order = GGUF dims reversed)."""
-  if kind == gguf_io.COPY:
+  if kind in (gguf_io.COPY, gguf_io.BIAS):
     return w
+  if kind == gguf_io.NORM:  # Gemma 3: llama.cpp stores 1 + w
+    return w + np.float32(1.0)
   if kind == gguf_io.QUERY:
     return llama_cpp_permute(w.T, cfg.n_heads)
   if kind == gguf_io.KEY:
@@ -91,6 +93,7 @@ def write_gguf(
   arch: str = 'llama',
   key_length: bool = False,
   tensors: dict | None = None,
+  extra: dict | None = None,
 ) -> pathlib.Path:
   """Writes a tiny llama GGUF as llama.cpp's converter would.
 
@@ -110,6 +113,14 @@ def write_gguf(
   if key_length:
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
+  for key, value in (extra or {}).items():  # more metadata: '{arch}.key' -> value
+    key = key.format(arch=arch)
+    if isinstance(value, float):
+      writer.add_float32(key, value)
+    elif isinstance(value, str):
+      writer.add_string(key, value)
+    else:
+      writer.add_uint32(key, value)
   writer.add_token_list([f'<t{i}>' for i in range(cfg.vocab_size)])
   arrays = {
     name: gguf_array(gguf_io._get(params, tree_path), kind, cfg)
@@ -210,9 +221,115 @@ def test_load_gguf_corrupt_file(tmp_path, damage):
 
 def test_load_gguf_other_architecture(tmp_path):
   cfg, params = tiny()
-  path = write_gguf(tmp_path / 'gemma.gguf', cfg, params, arch='gemma3')
-  with pytest.raises(ValueError, match=r"gemma\.gguf: architecture 'gemma3' is not supported"):
+  path = write_gguf(tmp_path / 'falcon.gguf', cfg, params, arch='falcon')
+  with pytest.raises(
+    ValueError,
+    match=r"falcon\.gguf: general\.architecture 'falcon' is not supported "
+    r"\(load_gguf reads \['llama', 'qwen2', 'qwen3', 'gemma3'\]\)",
+  ):
     gguf_io.load_gguf(path, progress=False)
+
+
+GEMMA3 = dict(
+  arch='gemma3',
+  qk_norm=True,
+  sandwich_norms=True,
+  norm_offset=1.0,
+  activation='gelu_tanh',
+  scale_embeddings=True,
+  head_dim=16,  # != d_model / n_heads, as in Gemma 3 270M (256 vs 160)
+  query_scale=0.25,  # head_dim ** -0.5: the file's key_length
+  sliding_window=4,
+  rope_local_base=10000.0,
+  rope_base=1e6,
+  norm_eps=1e-6,
+)
+# family -> (LlamaConfig overrides, extra GGUF metadata), as llama.cpp writes them.
+GGUF_FAMILIES = {
+  'qwen2': (dict(arch='qwen2', qkv_bias=True), {}),
+  'qwen3': (dict(arch='qwen3', qk_norm=True, tie_embeddings=False), {}),
+  'gemma3': (
+    dict(GEMMA3, n_layers=7, layer_types=('sliding',) * 5 + ('full', 'sliding')),
+    {'{arch}.attention.sliding_window': 4},
+  ),
+  'gemma3-linear': (  # RoPE scaling as llama.cpp writes it for Gemma 3 4B and larger
+    dict(GEMMA3, n_layers=2, layer_types=('sliding', 'sliding'), rope_scaling=('linear', 8.0)),
+    {
+      '{arch}.attention.sliding_window': 4,
+      '{arch}.rope.scaling.type': 'linear',
+      '{arch}.rope.scaling.factor': 8.0,
+    },
+  ),
+}
+
+
+@pytest.mark.parametrize('family', list(GGUF_FAMILIES))
+def test_load_gguf_families_recover_params(tmp_path, family):
+  """qwen2 (biases), qwen3 (Q/K norms) and gemma3 (norms stored as 1 + w, no Q/K permutation,
+  the layer pattern and local RoPE base of Gemma 3) load back to the tree that was written."""
+  overrides, extra = dict(GGUF_FAMILIES[family][0]), GGUF_FAMILIES[family][1]
+  sizes = {
+    k: overrides.pop(k) for k in ('n_layers', 'head_dim', 'tie_embeddings') if k in overrides
+  }
+  cfg = dataclasses.replace(testing.tiny_config(**sizes), **overrides)
+  params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(0), scale=0.2))
+  if cfg.norm_offset:  # norms near 0 (Gemma scales by 1 + w), exactly representable after + 1
+    params = jax.tree_util.tree_map_with_path(
+      lambda p, w: np.round(w * 64) / 64 if 'norm' in jax.tree_util.keystr(p) else w, params
+    )
+  path = write_gguf(
+    tmp_path / f'{family}.gguf', cfg, params, arch=cfg.arch, key_length=True, extra=extra
+  )
+  loaded_cfg, loaded = gguf_io.load_gguf(path, progress=False)
+  assert same_config(loaded_cfg, cfg), loaded_cfg
+  assert_trees_equal(loaded, params)
+  np.testing.assert_array_equal(logits(loaded_cfg, loaded), logits(cfg, params))
+  names = [name for name, _, _ in gguf_io.tensor_table(cfg)]
+  if family == 'qwen2':
+    assert 'blk.1.attn_v.bias' in names
+  if family.startswith('gemma3'):
+    assert {'blk.0.post_attention_norm.weight', 'blk.0.post_ffw_norm.weight'} <= set(names)
+    assert 'blk.0.attn_q_norm.weight' in names and 'output.weight' not in names
+
+
+def test_gemma3_layer_types():
+  assert gguf_io._gemma3_layer_types(None, 12) == (('sliding',) * 5 + ('full',)) * 2
+  assert gguf_io._gemma3_layer_types(2, 3) == ('sliding', 'full', 'sliding')
+  assert gguf_io._gemma3_layer_types([True, False], 2) == ('sliding', 'full')
+  with pytest.raises(ValueError, match='2 entries, expected 3'):
+    gguf_io._gemma3_layer_types([True, False], 3)
+
+
+def test_load_gguf_unsupported_rope_scaling(tmp_path):
+  cfg, params = tiny()
+  extra = {'{arch}.rope.scaling.type': 'yarn'}
+  path = write_gguf(tmp_path / 'yarn.gguf', cfg, params, extra=extra)
+  with pytest.raises(ValueError, match=r"yarn\.gguf: llama\.rope\.scaling\.type='yarn' is not"):
+    gguf_io.load_gguf(path, progress=False)
+
+
+def test_reader_equals_gguf_package(tmp_path):
+  """specjax's own GGUF reader gives gguf.GGUFReader's metadata, tensors and bytes."""
+  cfg, params = tiny(tie_embeddings=False)
+  path = write_gguf(tmp_path / 'q8.gguf', cfg, params, qtype=QType.Q8_0)
+  ours, theirs = gguf_io.open_reader(path), gguf.GGUFReader(path)
+  for key, field in theirs.fields.items():
+    if not key.startswith('GGUF.'):
+      assert ours.fields[key] == field.contents(), key
+  assert gguf_io.read_metadata(path, 'llama.') == {
+    k: v for k, v in ours.fields.items() if k.startswith('llama.')
+  }
+  assert len(ours.tensors) == len(theirs.tensors)
+  for a, b in zip(ours.tensors, theirs.tensors):
+    assert (a.name, a.tensor_type, a.data_offset, a.n_bytes) == (
+      b.name,
+      b.tensor_type,
+      b.data_offset,
+      b.n_bytes,
+    )
+    assert a.shape == tuple(int(d) for d in b.shape)
+    assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
+    np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
 
 
 def test_load_gguf_wrong_shape(tmp_path):

@@ -1,18 +1,32 @@
-"""Loads llama-architecture GGUF files (llama.cpp's format) into a specjax parameter tree.
+"""Loads GGUF files (llama.cpp's format) of the Llama lineage into a specjax parameter tree.
 
     cfg, params = load_gguf(path)   # host numpy arrays, layout of specjax.models.llama
 
-Every tensor is dequantised with the `gguf` package (Q4_0, Q4_1, Q8_0, K-quants, F16, BF16,
-F32, ...). GGUF lists a tensor's dims innermost first, so a linear weight of dims [in, out] is a
-numpy (out, in) array; it is transposed to the tree's (in, out). llama.cpp's converter permutes
-the rows of Q and K for its interleaved-pair RoPE; they are permuted back to Hugging Face's
-half-split ("rotate_half") order, which `specjax.models.llama` uses.
+`general.architecture` may be one of ARCHS: llama (Llama 2/3, and Mistral, which llama.cpp
+converts as llama), qwen2 (Q/K/V biases), qwen3 (Q/K norms) or gemma3 (Gemma 3's text model).
+
+Every tensor is dequantised with the `gguf` package (Q4_0, Q4_1, Q5_0, Q8_0, K-quants, F16,
+BF16, F32, ...). GGUF lists a tensor's dims innermost first, so a linear weight of dims
+[in, out] is a numpy (out, in) array; it is transposed to the tree's (in, out). For the llama
+architecture only, llama.cpp's converter permutes the rows of Q and K for its interleaved-pair
+RoPE; they are permuted back to Hugging Face's half-split ("rotate_half") order, which
+`specjax.models.llama` uses (qwen2, qwen3 and gemma3 are stored in that order already).
+
+Gemma 3: llama.cpp's converter stores every norm weight (the four per layer, the Q/K norms
+and the final norm) as 1 + w, the scale Gemma's RMSNorm applies. load_gguf subtracts 1 and
+keeps `norm_offset=1.0`, so a GGUF Gemma 3 has the same config and tree as one loaded from
+Hugging Face (specjax.checkpoints.hf), and computes (1 + w) the way transformers does.
+The file does not store Gemma 3's local RoPE base (10000), its layer pattern (every 6th
+layer global: layers i with (i + 1) % 6 == 0) nor query_pre_attn_scalar (key_length, except
+for the 27B model: d_model / n_heads, as llama.cpp does); these are Gemma 3's constants.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +41,9 @@ COPY = 'copy'  # norms [D] and the embedding [V, D]: already in tree layout
 LINEAR = 'linear'  # (out, in) -> (in, out)
 QUERY = 'query'  # un-permute rows with n_heads, then (out, in) -> (in, out)
 KEY = 'key'  # un-permute rows with n_kv_heads, then (out, in) -> (in, out)
+
+NORM = 'norm'  # Gemma 3: stored as 1 + w; minus 1, for the tree's norm_offset=1.0
+BIAS = 'bias'  # Qwen2's Q/K/V biases [out]: already in tree layout
 
 # GGUF tensor name -> tree key, transform. `lm_head` only exists when embeddings are untied.
 GLOBAL_TENSORS: tuple[tuple[str, str, str], ...] = (
@@ -47,7 +64,25 @@ LAYER_TENSORS: tuple[tuple[str, str, str], ...] = (
   ('blk.{i}.ffn_down.weight', 'w_down', LINEAR),
 )
 
-_ARCH = 'llama'
+# Per architecture: the layer tensors beyond (or instead of) llama's.
+EXTRA_LAYER_TENSORS: dict[str, tuple[tuple[str, str, str], ...]] = {
+  'qwen2': tuple((f'blk.{{i}}.attn_{x}.bias', f'b{x}', BIAS) for x in ('q', 'k', 'v')),
+  'qwen3': (
+    ('blk.{i}.attn_q_norm.weight', 'q_norm', COPY),
+    ('blk.{i}.attn_k_norm.weight', 'k_norm', COPY),
+  ),
+  # Gemma 3's ffn_norm is the pre-feedforward norm (mlp_norm), as in llama.
+  'gemma3': (
+    ('blk.{i}.attn_q_norm.weight', 'q_norm', NORM),
+    ('blk.{i}.attn_k_norm.weight', 'k_norm', NORM),
+    ('blk.{i}.post_attention_norm.weight', 'attn_post_norm', NORM),
+    ('blk.{i}.post_ffw_norm.weight', 'mlp_post_norm', NORM),
+  ),
+}
+ARCHS = ('llama', 'qwen2', 'qwen3', 'gemma3')
+# Gemma 3's constants that its GGUF files do not store (see the module docstring).
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+GEMMA3_PATTERN = 6
 _REQUIRED = object()
 
 
@@ -56,13 +91,20 @@ def tensor_table(cfg: LlamaConfig) -> list[tuple[str, tuple[Any, ...], str]]:
 
   A tree path is a key sequence into the tree: ('embed',) or ('layers', 3, 'wq').
   """
+  gemma = cfg.arch == 'gemma3'
   table = [
-    (name, (key,), kind)
+    (name, (key,), NORM if gemma and key == 'final_norm' else kind)
     for name, key, kind in GLOBAL_TENSORS
     if key != 'lm_head' or not cfg.tie_embeddings
   ]
+  layer = list(LAYER_TENSORS)
+  if cfg.arch != 'llama':  # stored in Hugging Face's Q/K row order
+    layer = [(name, key, LINEAR if kind in (QUERY, KEY) else kind) for name, key, kind in layer]
+  if gemma:
+    layer = [(name, key, NORM if kind == COPY else kind) for name, key, kind in layer]
+  layer += EXTRA_LAYER_TENSORS.get(cfg.arch, ())
   for i in range(cfg.n_layers):
-    table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in LAYER_TENSORS]
+    table += [(name.format(i=i), ('layers', i, key), kind) for name, key, kind in layer]
   return table
 
 
@@ -80,8 +122,10 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def to_tree_layout(w: np.ndarray, kind: str, cfg: LlamaConfig) -> np.ndarray:
   """A dequantised GGUF array (numpy order) in the tree layout, per its transform `kind`."""
-  if kind == COPY:
+  if kind in (COPY, BIAS):
     return w
+  if kind == NORM:
+    return w.astype(np.float32) - np.float32(1.0)
   if kind == QUERY:
     w = unpermute_rows(w, cfg.n_heads)
   elif kind == KEY:
@@ -91,7 +135,49 @@ def to_tree_layout(w: np.ndarray, kind: str, cfg: LlamaConfig) -> np.ndarray:
 
 def _source_shape(tree_shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
   """The numpy shape a GGUF tensor must have to become a tree leaf of `tree_shape`."""
-  return tree_shape if kind == COPY else tuple(reversed(tree_shape))
+  return tree_shape if kind in (COPY, NORM, BIAS) else tuple(reversed(tree_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+  """One tensor of a GGUF file, laid out as gguf.GGUFReader lays it out.
+
+  Attributes:
+    name: its GGUF name, e.g. 'blk.0.attn_q.weight'.
+    shape: its GGUF dims, innermost first.
+    tensor_type: its gguf.GGMLQuantizationType.
+    n_bytes: its size in the file.
+    data_offset: where its bytes start in the file.
+    data: a read-only memory map of its bytes: float and int types as numpy arrays of numpy
+      dims (GGUF dims reversed), quantised types as uint8 rows of blocks.
+  """
+
+  name: str
+  shape: tuple[int, ...]
+  tensor_type: gguf.GGMLQuantizationType
+  n_bytes: int
+  data_offset: int
+  data: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFFile:
+  """A GGUF file's metadata (`fields`: key -> Python value, arrays as lists) and tensors."""
+
+  path: pathlib.Path
+  fields: dict[str, Any]
+  tensors: list[TensorInfo]
+
+
+_PLAIN_TYPES = {
+  gguf.GGMLQuantizationType.F32: np.float32,
+  gguf.GGMLQuantizationType.F16: np.float16,
+  gguf.GGMLQuantizationType.F64: np.float64,
+  gguf.GGMLQuantizationType.I8: np.int8,
+  gguf.GGMLQuantizationType.I16: np.int16,
+  gguf.GGMLQuantizationType.I32: np.int32,
+  gguf.GGMLQuantizationType.I64: np.int64,
+}
 
 
 def _corrupt(path: pathlib.Path, problem: str) -> ValueError:
@@ -101,56 +187,218 @@ def _corrupt(path: pathlib.Path, problem: str) -> ValueError:
   )
 
 
-def open_reader(path: str | os.PathLike) -> gguf.GGUFReader:
-  """A GGUFReader over `path`, with clear errors for missing, truncated and corrupt files."""
+def open_reader(path: str | os.PathLike) -> GGUFFile:
+  """The metadata and tensors of a GGUF file, with clear errors for missing, truncated and
+  corrupt files. Tensor data are memory-mapped, not read.
+
+  A reader of its own rather than gguf.GGUFReader, which takes over ten seconds on a
+  vocabulary of 262k tokens (it builds a numpy view of every value of every field).
+
+  Raises:
+    FileNotFoundError: no file at `path`.
+    ValueError: a truncated or corrupt file (the message says to fetch it again).
+  """
   path = pathlib.Path(path)
   if not path.exists():
     raise FileNotFoundError(f'GGUF file not found: {path}')
-  try:
-    reader = gguf.GGUFReader(path)
-  except OSError:
-    raise
-  except Exception as e:  # the reader fails with bare ValueError/IndexError/... on damaged files
-    raise _corrupt(path, f'{type(e).__name__}: {e}') from e
+  fields, infos, data_start = _read_header(path, '', tensors=True)
   size = path.stat().st_size
-  for t in reader.tensors:
-    end = t.data_offset + t.n_bytes
-    if end > size or t.data.nbytes != t.n_bytes:
-      raise _corrupt(path, f'tensor {t.name!r} needs bytes up to {end}, the file has {size}')
-  return reader
+  memory = np.memmap(path, dtype=np.uint8, mode='r')
+  tensors, names = [], set()
+  for name, dims, raw_type, offset in infos:
+    if name in names:
+      raise _corrupt(path, f'tensor {name!r} is listed twice')
+    names.add(name)
+    try:
+      qtype = gguf.GGMLQuantizationType(raw_type)
+      block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError) as e:
+      raise _corrupt(path, f'tensor {name!r} has unknown type {raw_type}') from e
+    np_dims = tuple(reversed(dims))
+    n_bytes = int(np.prod(dims, dtype=np.int64)) * type_size // block
+    start = data_start + offset
+    if start + n_bytes > size:
+      raise _corrupt(
+        path, f'tensor {name!r} needs bytes up to {start + n_bytes}, the file has {size}'
+      )
+    raw = memory[start : start + n_bytes]
+    if qtype in _PLAIN_TYPES:
+      data = raw.view(_PLAIN_TYPES[qtype]).reshape(np_dims)
+    else:
+      data = raw.reshape(gguf.quants.quant_shape_to_byte_shape(np_dims, qtype))
+    tensors.append(TensorInfo(name, tuple(dims), qtype, n_bytes, start, data))
+  return GGUFFile(path, fields, tensors)
 
 
-def _field(reader: gguf.GGUFReader, path: pathlib.Path, key: str, default: Any = _REQUIRED):
-  field = reader.get_field(key)
-  if field is None:
+def read_metadata(path: str | os.PathLike, prefix: str = '') -> dict[str, Any]:
+  """The metadata whose keys start with `prefix`, as Python values (arrays as lists); the
+  tensors are not read.
+
+  Raises:
+    FileNotFoundError: no file at `path`.
+    ValueError: not a GGUF file of version 2 or 3, or truncated; the message names the file.
+  """
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f'GGUF file not found: {path}')
+  return _read_header(path, prefix, tensors=False)[0]
+
+
+# GGUF metadata value types (gguf.GGUFValueType): struct formats of the fixed-size ones.
+_SCALARS = {
+  0: 'B',
+  1: 'b',
+  2: 'H',
+  3: 'h',
+  4: 'I',
+  5: 'i',
+  6: 'f',
+  7: '?',
+  10: 'Q',
+  11: 'q',
+  12: 'd',
+}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def _read_header(path: pathlib.Path, prefix: str, tensors: bool):
+  """(metadata whose keys start with `prefix`, [(name, dims, type, offset)] of the tensors when
+  `tensors`, the file offset where tensor data start)."""
+  with open(path, 'rb') as f:
+    reader = _KVReader(f, path)
+    try:
+      magic, version = bytes(reader.take(4)), reader.unpack('<I')
+      if magic != b'GGUF' or version not in (2, 3):
+        raise _corrupt(path, f'no GGUF header of version 2 or 3 (starts with {magic!r})')
+      n_tensors, n_kv = reader.unpack('<Q'), reader.unpack('<Q')
+      fields, alignment = {}, gguf.GGUF_DEFAULT_ALIGNMENT
+      for _ in range(n_kv):
+        key = reader.string()
+        kind = reader.unpack('<I')
+        wanted = key.startswith(prefix)
+        value = reader.value(kind, keep=wanted or key == 'general.alignment')
+        if key == 'general.alignment':
+          alignment = int(value)
+        if wanted:
+          fields[key] = value
+      infos = []
+      for _ in range(n_tensors if tensors else 0):
+        name = reader.string()
+        n_dims = reader.unpack('<I')
+        if n_dims > _MAX_DIMS:
+          raise _corrupt(path, f'tensor {name!r} has {n_dims} dims')
+        dims = [reader.unpack('<Q') for _ in range(n_dims)]
+        infos.append((name, dims, reader.unpack('<I'), reader.unpack('<Q')))
+    except UnicodeDecodeError as e:
+      raise _corrupt(path, f'a name or string is not UTF-8 ({e})') from e
+    if alignment <= 0 or alignment & (alignment - 1):
+      raise _corrupt(path, f'general.alignment {alignment} is not a power of two')
+    return fields, infos, -(-reader.offset // alignment) * alignment
+
+
+class _KVReader:
+  """Sequential little-endian reads of GGUF header values from a file, buffered."""
+
+  def __init__(self, f, path: pathlib.Path):
+    self.f, self.path, self.size = f, path, os.fstat(f.fileno()).st_size
+    self.buf, self.pos, self.start = b'', 0, 0  # self.buf begins at file offset self.start
+
+  @property
+  def offset(self) -> int:
+    """The file offset of the next value."""
+    return self.start + self.pos
+
+  def take(self, n: int) -> memoryview:
+    if self.offset + n > self.size:
+      raise _corrupt(self.path, f'the header ends early: {n} bytes wanted at byte {self.offset}')
+    if self.pos + n > len(self.buf):
+      self.start += self.pos
+      self.buf = self.buf[self.pos :] + self.f.read(max(n, 1 << 22))
+      self.pos = 0
+    view = memoryview(self.buf)[self.pos : self.pos + n]
+    self.pos += n
+    return view
+
+  def unpack(self, fmt: str):
+    return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+  def string(self) -> str:
+    return str(self.take(self.unpack('<Q')), 'utf-8')
+
+  def value(self, kind: int, keep: bool = True) -> Any:
+    if kind in _SCALARS:
+      return self.unpack('<' + _SCALARS[kind])
+    if kind == _STRING:
+      return self.string()
+    if kind != _ARRAY:
+      raise _corrupt(self.path, f'unknown metadata value type {kind}')
+    item, count = self.unpack('<I'), self.unpack('<Q')
+    if item in _SCALARS:
+      data = self.take(struct.calcsize(_SCALARS[item]) * count)
+      return np.frombuffer(data, '<' + _SCALARS[item]).tolist() if keep else None
+    values = [self.value(item, keep) for _ in range(count)]
+    return values if keep else None
+
+
+def _field(reader: GGUFFile, path: pathlib.Path, key: str, default: Any = _REQUIRED):
+  if key not in reader.fields:
     if default is _REQUIRED:
       raise ValueError(f'{path}: GGUF metadata key {key!r} is missing')
     return default
-  return field.contents()
+  return reader.fields[key]
 
 
-def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike) -> LlamaConfig:
-  """The LlamaConfig described by a GGUF file's metadata."""
+def config_from_reader(reader: GGUFFile, path: str | os.PathLike) -> LlamaConfig:
+  """The LlamaConfig described by a GGUF file's metadata (an architecture of ARCHS)."""
   path = pathlib.Path(path)
   arch = _field(reader, path, 'general.architecture')
-  if arch != _ARCH:
+  if arch not in ARCHS:
     raise ValueError(
-      f'{path}: architecture {arch!r} is not supported (load_gguf reads {_ARCH!r} models only)'
+      f'{path}: general.architecture {arch!r} is not supported (load_gguf reads {list(ARCHS)})'
     )
-  get = lambda key, default=_REQUIRED: _field(reader, path, f'{_ARCH}.{key}', default)
+  get = lambda key, default=_REQUIRED: _field(reader, path, f'{arch}.{key}', default)
   d_model, n_heads = int(get('embedding_length')), int(get('attention.head_count'))
+  n_layers = int(get('block_count'))
   head_dim = int(get('attention.key_length', d_model // n_heads))
+  value_dim = int(get('attention.value_length', head_dim))
+  if value_dim != head_dim:
+    raise ValueError(
+      f'{path}: {arch}.attention.value_length={value_dim} differs from key_length={head_dim} '
+      '(not supported)'
+    )
   rope_dims = int(get('rope.dimension_count', head_dim))
   if rope_dims != head_dim:
     raise ValueError(f'{path}: RoPE over {rope_dims} of {head_dim} head dims is not supported')
   scaling = get('rope.scaling.type', 'none')
-  if scaling not in ('none', ''):
-    raise ValueError(f'{path}: RoPE scaling {scaling!r} is not supported')
+  if scaling == 'linear':
+    rope_scaling: tuple = ('linear', _float32(get('rope.scaling.factor')))
+  elif scaling in ('none', ''):
+    rope_scaling = ()
+  else:
+    raise ValueError(
+      f"{path}: {arch}.rope.scaling.type={scaling!r} is not supported (need 'none' or 'linear')"
+    )
   names = {t.name: t for t in reader.tensors}
+  kwargs: dict[str, Any] = dict(qkv_bias=arch == 'qwen2', qk_norm=arch == 'qwen3')
+  if arch == 'gemma3':
+    # The 27B model scales queries by (d_model / n_heads) ** -0.5, the others by head_dim's.
+    scalar = d_model // n_heads if (n_layers, d_model) == (62, 5376) else head_dim
+    kwargs = dict(
+      qk_norm=True,
+      sandwich_norms=True,
+      norm_offset=1.0,
+      activation='gelu_tanh',
+      scale_embeddings=True,
+      query_scale=float(scalar) ** -0.5,
+      sliding_window=int(get('attention.sliding_window')),
+      layer_types=_gemma3_layer_types(get('attention.sliding_window_pattern', None), n_layers),
+      rope_local_base=GEMMA3_LOCAL_ROPE_BASE,
+    )
   return LlamaConfig(
-    vocab_size=_vocab_size(reader, path, names),
+    vocab_size=_vocab_size(reader, path, names, arch),
     d_model=d_model,
-    n_layers=int(get('block_count')),
+    n_layers=n_layers,
     n_heads=n_heads,
     n_kv_heads=int(get('attention.head_count_kv', n_heads)),
     head_dim=head_dim,
@@ -159,7 +407,24 @@ def config_from_reader(reader: gguf.GGUFReader, path: str | os.PathLike) -> Llam
     norm_eps=_float32(get('attention.layer_norm_rms_epsilon')),
     tie_embeddings='output.weight' not in names,
     max_seq_len=int(get('context_length')),
+    name=arch,
+    arch=arch,
+    rope_scaling=rope_scaling,
+    **kwargs,
   )
+
+
+def _gemma3_layer_types(pattern: Any, n_layers: int) -> tuple[str, ...]:
+  """'sliding'/'full' per layer: from a per-layer list of booleans (True: sliding), an
+  integer period, or Gemma 3's default (every 6th layer full)."""
+  if isinstance(pattern, list):
+    if len(pattern) != n_layers:
+      raise ValueError(
+        f'attention.sliding_window_pattern has {len(pattern)} entries, expected {n_layers}'
+      )
+    return tuple('sliding' if p else 'full' for p in pattern)
+  period = int(pattern) if pattern else GEMMA3_PATTERN
+  return tuple('full' if (i + 1) % period == 0 else 'sliding' for i in range(n_layers))
 
 
 def _float32(value: float) -> float:
@@ -167,12 +432,12 @@ def _float32(value: float) -> float:
   return float(str(np.float32(value)))
 
 
-def _vocab_size(reader: gguf.GGUFReader, path: pathlib.Path, names: dict) -> int:
+def _vocab_size(reader: GGUFFile, path: pathlib.Path, names: dict, arch: str) -> int:
   """Number of tokens: the token list as llama.cpp does, else metadata, else the embedding."""
-  tokens = reader.get_field('tokenizer.ggml.tokens')
+  tokens = reader.fields.get('tokenizer.ggml.tokens')
   if tokens is not None:
-    return len(tokens.data)
-  size = _field(reader, path, f'{_ARCH}.vocab_size', None)
+    return len(tokens)
+  size = _field(reader, path, f'{arch}.vocab_size', None)
   if size is not None:
     return int(size)
   if 'token_embd.weight' not in names:
@@ -213,13 +478,13 @@ def _check_names(path: pathlib.Path, table: list, tensors: dict) -> None:
   unexpected = sorted(set(tensors) - expected)
   if unexpected:
     raise ValueError(
-      f'{path}: unexpected tensors {unexpected} (not part of a plain llama '
-      'model; e.g. rope_freqs.weight means llama3 RoPE scaling, unsupported)'
+      f'{path}: unexpected tensors {unexpected} (not part of the model the metadata '
+      'describes; e.g. rope_freqs.weight means llama3 RoPE scaling, unsupported)'
     )
 
 
 def _iter_leaves(
-  reader: gguf.GGUFReader, cfg: LlamaConfig, path: pathlib.Path, progress: bool
+  reader: GGUFFile, cfg: LlamaConfig, path: pathlib.Path, progress: bool
 ) -> Iterator[tuple[tuple[Any, ...], np.ndarray, str]]:
   """Yields (tree path, source array, transform) for every tensor, shape-checked."""
   tensors = {t.name: t for t in reader.tensors}
@@ -243,7 +508,8 @@ def _iter_leaves(
 def load_gguf(
   path: str | os.PathLike, dtype: Any = np.float32, progress: bool = True
 ) -> tuple[LlamaConfig, Params]:
-  """Reads a llama GGUF file into (config, parameter tree of host numpy arrays in `dtype`).
+  """Reads a GGUF file (an architecture of ARCHS) into (config, parameter tree of host numpy
+  arrays in `dtype`).
 
   Raises:
     FileNotFoundError: no file at `path`.
@@ -261,10 +527,11 @@ def load_gguf(
 
 
 def load_gguf_blocks(path: str | os.PathLike, cfg: LlamaConfig) -> dict[tuple[Any, ...], Any]:
-  """The q4_1 and q8_0 matrices of a llama GGUF file as `quant.BlockWeight`s, as stored.
+  """The q4_1 and q8_0 matrices of a GGUF file as `quant.BlockWeight`s, as stored.
 
   Returns {tree path: BlockWeight} (see tensor_table) for every matrix of those types,
-  with llama.cpp's Q/K row permutation undone; other tensors are left out.
+  with llama.cpp's Q/K row permutation (llama architecture) undone; other tensors are left
+  out.
   """
   from specjax.models import quant
 
