@@ -25,7 +25,11 @@ the real one; `check_dry_run` then insists speculative greedy output equals the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pathlib
+import shutil
+import sys
 import zlib
 
 import jax
@@ -430,3 +434,109 @@ def check_dry_run(config, summary: dict, say=print) -> None:
   if bad:
     raise ValueError(f'dry run {config.model}: speculative output differs from greedy: {bad}')
   say(f'dry run {config.model}: speculative greedy output equals the target-only output')
+
+
+# ---- Gemma 3 4B: its multimodal checkpoint's text model as a directory of its own ----
+
+# Gemma3TextConfig's defaults (transformers), for the fields a multimodal config.json's
+# text_config leaves out; specjax.checkpoints.hf.config_from_hf reads them explicitly.
+GEMMA3_TEXT_DEFAULTS = {
+  'vocab_size': 262208,
+  'num_attention_heads': 8,
+  'num_key_value_heads': 4,
+  'head_dim': 256,
+  'hidden_activation': 'gelu_pytorch_tanh',
+  'max_position_embeddings': 131072,
+  'rms_norm_eps': 1e-6,
+  'rope_theta': 1e6,
+  'rope_local_base_freq': 10000.0,
+  'query_pre_attn_scalar': 256,
+  'sliding_window': 4096,
+  'sliding_window_pattern': 6,
+  'tie_word_embeddings': True,
+}
+TEXT_PREFIXES = ('language_model.model.', 'model.language_model.')  # older, newer layouts
+
+
+def _read_header(file) -> tuple[dict, int]:
+  with open(file, 'rb') as f:
+    n = int.from_bytes(f.read(8), 'little')
+    return json.loads(f.read(n)), 8 + n
+
+
+def gemma3_text_model(src, dst) -> pathlib.Path:
+  """Writes the text model of a Gemma 3 multimodal directory (google/gemma-3-4b-it: model
+  type gemma3, weights under language_model.*) to `dst` as a gemma3_text directory that
+  specjax.checkpoints.hf reads: config.json from text_config (defaults filled in), the
+  text tensors renamed to model.* (bytes copied as stored, file by file; the vision tower
+  and projector left out), and the tokenizer files. Returns `dst`."""
+  src, dst = pathlib.Path(src), pathlib.Path(dst)
+  config_file = src / 'config.json'
+  if not config_file.is_file():
+    raise FileNotFoundError(f'{config_file} not found')
+  config = json.loads(config_file.read_text())
+  if config.get('model_type') != 'gemma3' or 'text_config' not in config:
+    raise ValueError(
+      f'{config_file}: model_type = {config.get("model_type")!r}: expected a Gemma 3 '
+      'multimodal config (model_type gemma3 with a text_config)'
+    )
+  text = {**GEMMA3_TEXT_DEFAULTS, **config['text_config'], 'model_type': 'gemma3_text'}
+  text['architectures'] = ['Gemma3ForCausalLM']
+  text.setdefault('torch_dtype', config.get('torch_dtype', 'bfloat16'))
+  dst.mkdir(parents=True, exist_ok=True)
+  (dst / 'config.json').write_text(json.dumps(text, indent=2) + '\n')
+  files = sorted(src.glob('*.safetensors'))
+  if not files:
+    raise FileNotFoundError(f'no *.safetensors files in {src}')
+  kept = 0
+  for file in files:
+    header, start = _read_header(file)
+    names = {}
+    for name in header:
+      for prefix in TEXT_PREFIXES:
+        if name.startswith(prefix):
+          names[name] = 'model.' + name[len(prefix) :]
+    if not names:
+      continue
+    out, offset = {}, 0
+    for name, new in names.items():
+      begin, end = header[name]['data_offsets']
+      out[new] = dict(header[name], data_offsets=[offset, offset + end - begin])
+      offset += end - begin
+    out['__metadata__'] = {'format': 'pt'}
+    blob = json.dumps(out).encode()
+    blob += b' ' * (-len(blob) % 8)
+    with open(file, 'rb') as f, open(dst / file.name, 'wb') as g:
+      g.write(len(blob).to_bytes(8, 'little') + blob)
+      for name in names:
+        begin, end = header[name]['data_offsets']
+        f.seek(start + begin)
+        remaining = end - begin
+        while remaining:
+          chunk = f.read(min(remaining, 1 << 26))
+          g.write(chunk)
+          remaining -= len(chunk)
+    kept += len(names)
+  if not kept:
+    raise ValueError(f'{src}: no tensors under {" or ".join(TEXT_PREFIXES)}')
+  for name in ('tokenizer.json', 'tokenizer.model', 'special_tokens_map.json'):
+    if (src / name).is_file():
+      shutil.copy(src / name, dst / name)
+  tok_config = src / 'tokenizer_config.json'
+  settings = json.loads(tok_config.read_text()) if tok_config.is_file() else {}
+  template = src / 'chat_template.json'
+  if 'chat_template' not in settings and template.is_file():
+    settings['chat_template'] = json.loads(template.read_text())['chat_template']
+  (dst / 'tokenizer_config.json').write_text(json.dumps(settings, indent=2) + '\n')
+  return dst
+
+
+USAGE = 'python -m specjax.pairs gemma3-text SRC_DIR DST_DIR'
+
+if __name__ == '__main__':
+  if len(sys.argv) != 4 or sys.argv[1] != 'gemma3-text':
+    sys.exit(f'usage: {USAGE}')
+  try:
+    print(f'wrote {gemma3_text_model(sys.argv[2], sys.argv[3])}')
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')

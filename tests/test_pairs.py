@@ -152,3 +152,53 @@ def test_every_pair_dry_runs_sharded_on_eight_devices(tmp_path):
     assert spec['greedy_mismatches'] == 0
     assert 0 < spec['acceptance_rate'] < 1, (name, spec)  # accepts some drafts, rejects some
   assert 'vocabulary 264 padded to 272' in proc.stdout  # Qwen2.5 and Gemma 3's padded vocab
+
+
+def test_gemma3_multimodal_directory_to_its_text_model(tmp_path):
+  """The converter for google/gemma-3-4b-it: text tensors renamed, the vision tower left
+  out, text_config's gaps filled with Gemma3TextConfig's defaults; hf.load_hf reads it."""
+  import numpy as np
+  import safetensors.numpy
+
+  from specjax.checkpoints import hf
+
+  cfg = pairs.tiny_config('gemma-3-4b-it')
+  params = pairs.dry_params(cfg)
+  tensors = {'vision_tower.vision_model.embeddings.weight': np.ones((4, 4), np.float32)}
+  for name, path, kind in hf.tensor_table(cfg):
+    w = params
+    for key in path:
+      w = w[key]
+    w = np.asarray(w, np.float32)
+    tensors['language_model.' + name] = np.ascontiguousarray(w.T if kind == hf.LINEAR else w)
+  src, dst = tmp_path / 'gemma-3-4b-it', tmp_path / 'text'
+  src.mkdir()
+  half = len(tensors) // 2  # two shards, as the real checkpoint has
+  items = sorted(tensors.items())
+  safetensors.numpy.save_file(dict(items[:half]), src / 'model-00001-of-00002.safetensors')
+  safetensors.numpy.save_file(dict(items[half:]), src / 'model-00002-of-00002.safetensors')
+  text_config = {  # as sparse as the real one: the rest are Gemma3TextConfig's defaults
+    'model_type': 'gemma3_text',
+    'hidden_size': cfg.d_model,
+    'intermediate_size': cfg.ffn_dim,
+    'num_hidden_layers': cfg.n_layers,
+    'head_dim': cfg.head_dim,
+    'vocab_size': cfg.vocab_size,
+    'sliding_window': cfg.sliding_window,
+    'rope_scaling': {'factor': 8.0, 'rope_type': 'linear'},
+  }
+  (src / 'config.json').write_text(json.dumps({'model_type': 'gemma3', 'text_config': text_config}))
+  (src / 'tokenizer_config.json').write_text('{"bos_token": "<bos>"}')
+  (src / 'chat_template.json').write_text('{"chat_template": "{{ messages }}"}')
+  pairs.gemma3_text_model(src, dst)
+  loaded_cfg, loaded = hf.load_hf(dst)
+  for field in ('n_heads', 'n_kv_heads', 'head_dim', 'layer_types', 'rope_scaling', 'query_scale'):
+    assert getattr(loaded_cfg, field) == getattr(cfg, field), field
+  assert loaded_cfg.rope_local_base == 10000.0 and loaded_cfg.rope_base == 1e6
+  np.testing.assert_array_equal(loaded['layers'][3]['wq'], np.float32(params['layers'][3]['wq']))
+  np.testing.assert_array_equal(loaded['embed'], np.float32(params['embed']))
+  assert (
+    json.loads((dst / 'tokenizer_config.json').read_text())['chat_template'] == '{{ messages }}'
+  )
+  with pytest.raises(ValueError, match='expected a Gemma 3 multimodal config'):
+    pairs.gemma3_text_model(dst, tmp_path / 'again')
