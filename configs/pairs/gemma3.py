@@ -5,14 +5,16 @@ in bfloat16. Both interleave five sliding-window layers with one full layer (win
 
   huggingface-cli download google/gemma-3-4b-it --local-dir /models/gemma-3-4b-it
   huggingface-cli download google/gemma-3-270m-it --local-dir /models/gemma-3-270m-it
+  python -m specjax.pairs gemma3-text /models/gemma-3-4b-it /models/gemma-3-4b-it-text
   python -m specjax.run --config configs/pairs/gemma3.py \
-      --config.model=/models/gemma-3-4b-it --config.drafts=/models/gemma-3-270m-it
+      --config.model=/models/gemma-3-4b-it-text --config.drafts=/models/gemma-3-270m-it
   python -m specjax.run --config configs/pairs/gemma3.py:dry --config.mesh.data=2 \
       --config.mesh.model=4  # no weights: real shapes per device, then a tiny random pair
 
 gemma-3-4b-it is a multimodal checkpoint (model_type gemma3, the text model under
 text_config and language_model.*): specjax.checkpoints.hf reads text-only gemma3_text
-directories, so give it the text model saved on its own (README, Paper pairs).
+directories, which `python -m specjax.pairs gemma3-text` writes (the text tensors' bytes
+copied, the vision tower left out).
 The 4B vocabulary has 262208 rows and the 270M's 262144: the draft's logits are padded.
 
 Arguments after the colon: `dry` (see specjax/pairs.py), `base` (gemma-3-270m ->
