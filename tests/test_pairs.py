@@ -202,3 +202,26 @@ def test_gemma3_multimodal_directory_to_its_text_model(tmp_path):
   )
   with pytest.raises(ValueError, match='expected a Gemma 3 multimodal config'):
     pairs.gemma3_text_model(dst, tmp_path / 'again')
+
+
+def test_a_draft_with_fewer_vocabulary_rows_is_padded_to_the_target():
+  """Qwen2.5-0.5B -> 7B and Gemma 3 270M -> 4B: one tokenizer, vocabularies padded to
+  different sizes; the draft's logits are padded to the target's, never proposing past its
+  rows. A draft with more rows than the target is still an error."""
+  import jax.numpy as jnp
+
+  from specjax import registry
+  from specjax.checkpoints import loader
+  from specjax.drafters.model import PaddedVocabDrafter
+
+  target = loader.load_model('dry:qwen2.5-7b-instruct')
+  drafter, params = registry.build_draft('dry:qwen2.5-0.5b-instruct', target)
+  assert isinstance(drafter, PaddedVocabDrafter)
+  assert drafter.vocab_size == target.cfg.vocab_size == drafter.cfg.vocab_size + 8
+  cache = drafter.cfg.family.init_cache(drafter.cfg, 1, 16)
+  logits, _ = drafter._forward(params, jnp.array([[5, 6, 7]]), cache)
+  assert logits.shape == (1, 3, target.cfg.vocab_size)
+  assert float(logits[..., drafter.cfg.vocab_size :].max()) < -1e29
+  small = loader.load_model('dry:qwen2.5-0.5b-instruct')
+  with pytest.raises(ValueError, match='vocabulary of 272 tokens but the target'):
+    registry.build_draft('dry:qwen2.5-7b-instruct', small)
