@@ -35,7 +35,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.top_k = 0
   c.top_p = 1.0
   c.seed = 0
-  c.mesh = ml_collections.ConfigDict({'data': 1, 'model': 1})
+  # Devices: --config.mesh.data=2 --config.mesh.model=4 shards rows over 'data' and heads,
+  # MLP columns and the vocabulary over 'model' (on CPU simulate 8 devices with
+  # XLA_FLAGS=--xla_force_host_platform_device_count=8). Partition rules 'REGEX=AXES' go
+  # before the defaults of specjax/models/sharding.py (target: DEFAULT_RULES; drafts:
+  # their own), e.g. --config.mesh.rules='("lm_head$=None,model",)'; cache: KV axes.
+  c.mesh = ml_collections.ConfigDict(
+    {'data': 1, 'model': 1, 'rules': (), 'draft_rules': (), 'cache': 'data,model,None,None'}
+  )
   # Speculative decoding with every draft below, compared with autoregressive decoding in
   # the same run: prompt lookup ('ngram'), the EAGLE-3-style feature head trained for
   # SmolLM2 that ships with specjax ('eagle': it drafts from the target's own hidden

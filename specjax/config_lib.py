@@ -100,6 +100,29 @@ def check_overrides(argv, flag: str = 'config') -> None:
       node = node[part]
 
 
+def start_processes(coordinator: str | None, num_processes: int | None, process_id: int | None):
+  """jax.distributed.initialize for a multi-process run (nothing when `coordinator` is unset).
+
+  Every process runs the same command; the devices of all of them form the mesh
+  (config.mesh), and process 0 alone prints and writes results.
+  """
+  if not coordinator:
+    if num_processes is not None or process_id is not None:
+      raise ValueError('--num_processes and --process_id need --coordinator=HOST:PORT')
+    return
+  import jax  # noqa: PLC0415 (only for multi-process runs)
+
+  if coordinator == 'auto':
+    jax.distributed.initialize()
+    return
+  if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
+    raise ValueError(
+      f'--coordinator={coordinator} needs --num_processes=N and --process_id in [0, N), got '
+      f'num_processes={num_processes}, process_id={process_id}'
+    )
+  jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+
+
 def run_cli(main: Callable[..., object], default_config: str | None = None, argv=None) -> None:
   """Runs `main(config, workdir)` from the command line: --config FILE[:ARG] (with
   --config.<field>=<value> overrides) and --workdir DIR.
@@ -114,6 +137,14 @@ def run_cli(main: Callable[..., object], default_config: str | None = None, argv
   help_text = f'Config file, e.g. {default_config}' if default_config else 'Config file.'
   config = config_flags.DEFINE_config_file('config', None, help_text, lock_config=True)
   workdir = flags.DEFINE_string('workdir', None, 'Where results go (default runs/<UTC time>).')
+  coordinator = flags.DEFINE_string(
+    'coordinator',
+    None,
+    'Several processes (jax.distributed): host:port of process 0, or "auto" where JAX finds '
+    'it (TPU slices, SLURM, Open MPI). Unset: one process.',
+  )
+  num_processes = flags.DEFINE_integer('num_processes', None, 'Processes in all (--coordinator).')
+  process_id = flags.DEFINE_integer('process_id', None, "This process's index (--coordinator).")
 
   def run(args):
     if len(args) > 1:
@@ -121,6 +152,7 @@ def run_cli(main: Callable[..., object], default_config: str | None = None, argv
     if config.value is None:
       raise app.UsageError(f'--config is required, e.g. --config {default_config}')
     try:
+      start_processes(coordinator.value, num_processes.value, process_id.value)
       main(config.value, workdir.value)
     except (ValueError, FileNotFoundError) as e:
       print(f'error: {e}', file=sys.stderr)

@@ -22,6 +22,7 @@ from specjax import config_lib, registry
 from specjax.checkpoints import loader
 from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
+from specjax.models import sharding
 
 # Every field of a run config (configs/smollm2.py), with what it holds.
 FIELDS = {
@@ -79,12 +80,7 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
     _check_int(c, field, low)
   _check_int(c, 'cache_size', 2)
   config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
-  config_lib.check(
-    set(c.mesh.keys()) == {'data', 'model'} and c.mesh.data >= 1 and c.mesh.model >= 1,
-    'mesh',
-    c.mesh.to_dict(),
-    'data >= 1 and model >= 1',
-  )
+  check_mesh(c)
   for field in ('gammas', 'adaptive_gammas'):
     values = tuple(c.get(field, ()))
     config_lib.check(
@@ -125,6 +121,48 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
   for spec in dict.fromkeys(m.draft for m in methods if m.draft):
     registry.parse_draft(spec)
   return methods
+
+
+MESH_FIELDS = {
+  'data': 'devices along the batch axis',
+  'model': 'devices along the tensor-parallel axis',
+  'rules': "target partition rules 'REGEX=AXES' before the defaults (specjax/models/sharding.py)",
+  'draft_rules': "draft partition rules 'REGEX=AXES' before the drafter's own",
+  'cache': "KV cache axes over [B, G, S, H], e.g. 'data,model,None,None'",
+}
+
+
+def check_mesh(config) -> None:
+  """config.mesh: data and model sizes, and optional partition rules and cache axes."""
+  mesh = config.mesh
+  known = set(MESH_FIELDS)
+  for name in sorted(set(mesh.keys()) - known):
+    raise ValueError(f'config.mesh.{name}: unknown field (known: {", ".join(MESH_FIELDS)})')
+  for axis in ('data', 'model'):
+    value = mesh.get(axis)
+    config_lib.check(
+      isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+      f'mesh.{axis}',
+      value,
+      'an integer >= 1',
+    )
+  mesh_rules(config)
+
+
+def mesh_rules(config) -> dict:
+  """The mesh's partition settings as Engine arguments: rules, draft_rules, cache_spec."""
+  mesh = config.mesh
+  out = {
+    field: sharding.parse_rules(tuple(mesh.get(field, ())), field)
+    for field in ('rules', 'draft_rules')
+  }
+  cache = mesh.get('cache', '')
+  out['cache_spec'] = (
+    sharding.parse_axes(cache, f'config.mesh.cache {cache!r}') if cache else sharding.CACHE_SPEC
+  )
+  if len(out['cache_spec']) > 4:
+    raise ValueError(f'config.mesh.cache {cache!r}: a KV cache has 4 axes [B, G, S, H]')
+  return out
 
 
 def adaptive_trees(config) -> tuple[tree_lib.TreeShape, ...]:

@@ -49,8 +49,9 @@ def build_engines(config, model: loader.LoadedModel, methods) -> dict[str, Engin
   mesh = None
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
+  partition = run_config.mesh_rules(config)
   params = (
-    sharding_lib.shard_params(model.params, mesh)
+    sharding_lib.shard_params(model.params, mesh, partition['rules'] + sharding_lib.DEFAULT_RULES)
     if mesh is not None
     else jax.device_put(model.params)
   )
@@ -69,8 +70,27 @@ def build_engines(config, model: loader.LoadedModel, methods) -> dict[str, Engin
       mesh=mesh,
       drafter=drafter,
       draft_params=draft_params,
+      **partition,
     )
   return engines
+
+
+def describe_mesh(engines) -> str:
+  """One line: the mesh and how the largest target matrices and the drafts are split."""
+  base = engines['']
+  mesh = base.mesh
+  layer = base.params['layers'][0]
+  parts = [f'{name} {layer[name].sharding.spec}' for name in ('wq', 'w_down') if name in layer]
+  parts.append(f'embed {base.params["embed"].sharding.spec}')
+  for spec, e in engines.items():
+    if spec and e.draft_params is not None:
+      leaves = jax.tree.leaves(e.draft_params)
+      split = sum(1 for x in leaves if any(a is not None for a in x.sharding.spec))
+      parts.append(f'draft {spec}: {split}/{len(leaves)} tensors split')
+  shape = ' x '.join(f'{a}={n}' for a, n in mesh.shape.items())
+  return f'mesh {shape} over {mesh.size} {mesh.devices.flat[0].platform} devices: ' + ', '.join(
+    parts
+  )
 
 
 def adaptive_trees_of(config, engine, methods, spec: str) -> tuple:
@@ -169,11 +189,12 @@ def main(
   shape is preceded by an explicit warm-up that compiles; that time is reported as
   compile_seconds and kept out of every timing. Returns results.json's content.
   """
-  say = print if verbose else (lambda *a, **k: None)
+  lead = jax.process_index() == 0  # with several processes, process 0 prints and writes
+  say = print if verbose and lead else (lambda *a, **k: None)
   pairs.check_paths(config)  # a paper pair's config without its directories: what to pass
   methods = run_config.validate(config)
   pairs.report_shapes(config, say)  # dry runs: the real models' bytes per device on the mesh
-  out_dir = make_workdir(workdir)
+  out_dir = make_workdir(workdir) if lead else None
   workload = load_workload(config)
   start = time.perf_counter()
   model = loader.load_model(config.model, config.dtype)
@@ -182,6 +203,8 @@ def main(
     f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
   )
   engines = build_engines(config, model, methods)
+  if engines[''].mesh is not None:
+    say(describe_mesh(engines))
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   for m in methods:  # a drafter that cannot draft a tree says so before any decoding
     if m.tree:
@@ -233,7 +256,8 @@ def main(
   summary = report.results(
     config, model.source, drafts, summaries, categories, costs, len(workload), records
   )
-  report.write_results(out_dir, config, records, summary)
+  if lead:
+    report.write_results(out_dir, config, records, summary)
   if config.prompt or (verbose and len(workload) <= 4):
     report.show_texts(say, records, greedy=config.temperature == 0)
   say(report.format_table(summary))

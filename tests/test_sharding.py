@@ -116,3 +116,118 @@ def test_new_families_decode_speculatively_sharded_as_on_one_device():
   for name, (sharded, single) in json.loads(line[len('RESULT') :]).items():
     assert sharded == single, name
     assert sharded[1] == sharded[0] and sharded[3] == sharded[0], name  # greedy identity
+
+
+DRAFTERS_SCRIPT = textwrap.dedent("""
+    import json, sys, jax, numpy as np
+    from specjax import testing
+    from specjax.control.adaptive import AdaptiveConfig
+    from specjax.core.sampling import SamplingConfig
+    from specjax.decode.engine import Engine
+    from specjax.drafters import ModelDrafter, truncated_target
+    from specjax.drafters.consensus import ConsensusDrafter
+    from specjax.drafters.distilled import DistilledDrafter, init_from_target
+    from specjax.drafters.eagle import EagleDrafter
+    from specjax.drafters.ngram import NgramDrafter
+    from specjax.models import eagle as eagle_model
+    from specjax.models import sharding
+    assert jax.device_count() == 8, jax.devices()
+    cfg, params = testing.tiny_model(seed=3, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+                                     d_model=32)
+    def build(name):
+      if name == 'draft model':
+        small_cfg, small = testing.tiny_model(seed=11, n_layers=1, d_model=16, n_heads=2,
+                                              n_kv_heads=2)
+        return ModelDrafter(small_cfg), small
+      if name == 'truncated':
+        trunc_cfg, trunc = truncated_target(cfg, params, 1)
+        return ModelDrafter(trunc_cfg), trunc
+      if name == 'distilled':
+        ids = np.arange(0, cfg.vocab_size, 2)
+        dist_cfg, dist = init_from_target(cfg, params, (0,), ids)
+        return DistilledDrafter(dist_cfg), dist
+      if name == 'layer skip':
+        return ModelDrafter(cfg, layers=(0, 2)), params
+      if name == 'lookup':
+        return NgramDrafter(cfg.vocab_size), None
+      if name == 'consensus':
+        return ConsensusDrafter(cfg.vocab_size, group=2, k=2), None
+      ids = np.arange(0, cfg.vocab_size, 2)
+      hc = eagle_model.EagleConfig.for_target(cfg, len(ids))
+      hp = eagle_model.init_params(hc, jax.random.key(0), ids, params)
+      hp['fc'] = hp['fc'] * 10
+      return EagleDrafter(hc), {'head': hp, 'embed': params['embed']}
+    # Rows 0 and 2 repeat themselves (lookup and consensus find drafts); 4 rows over data=4.
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 1], [12, 13, 14, 15, 16]]
+    s = SamplingConfig(temperature=1.0)
+    adaptive = AdaptiveConfig(gammas=(1, 2), draft_cost=(0.1, 0.2), verify_cost=(1.1, 1.2))
+    mesh = sharding.make_mesh(data=4, model=2)
+    runs = (dict(gamma=3, verifier='greedy'), dict(adaptive=adaptive, verifier='greedy'),
+            dict(sampling=s, seed=3, gamma=3), dict(sampling=s, seed=4, adaptive=adaptive))
+    out = {'plain': Engine(params, cfg, eos_id=-1, cache_size=64).generate(prompts, 10).tokens}
+    for name in sys.argv[1:]:
+      drafter, draft_params = build(name)
+      kw = dict(eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
+      sharded, single = Engine(params, cfg, mesh=mesh, **kw), Engine(params, cfg, **kw)
+      split = [x.sharding.spec for x in jax.tree.leaves(sharded.draft_params or {})]
+      out[name] = {
+        'sharded': [sharded.generate(prompts, 10, **r).tokens for r in runs],
+        # greedy runs equal target greedy (out['plain']) on one device by other tests
+        'single': [single.generate(prompts, 10, **r).tokens for r in runs[2:]],
+        'draft_split': sum(any(a is not None for a in spec) for spec in split),
+      }
+    print('RESULT' + json.dumps(out))
+""")
+
+
+def run_drafters(*names):
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+    [sys.executable, '-c', DRAFTERS_SCRIPT, *names],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('RESULT'))
+  return json.loads(line[len('RESULT') :])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  'names',
+  [('draft model', 'distilled', 'layer skip'), ('lookup', 'consensus', 'eagle')],
+  ids=['models', 'lookup-consensus-eagle'],
+)
+def test_every_drafter_decodes_sharded_as_on_one_device(names):
+  """On a (data=4, model=2) mesh: greedy speculative decoding at fixed gamma and under
+  adaptive control equals target greedy, and sampled decoding with a fixed key equals one
+  device's, for every drafter kind; draft parameters are split by their own rules."""
+  out = run_drafters(*names)
+  for name in names:
+    sharded, single = out[name]['sharded'], out[name]['single']
+    assert sharded[0] == out['plain'] and sharded[1] == out['plain'], name
+    assert sharded[2:] == single, name
+    if name in ('draft model', 'distilled', 'layer skip', 'eagle'):
+      assert out[name]['draft_split'] > 0, name  # not all replicated
+
+
+def test_partition_rules_parse_and_refuse_bad_ones():
+  rules = sharding.parse_rules(('lm_head$=None,model', r'layers/\d+/wo$='))
+  assert rules == (('lm_head$', P(None, 'model')), (r'layers/\d+/wo$', P()))
+  with pytest.raises(ValueError, match=r"config.mesh.rules: rule 'wq' is not REGEX=AXES"):
+    sharding.parse_rules(('wq',))
+  with pytest.raises(ValueError, match="unknown mesh axis 'tensor'"):
+    sharding.parse_rules(('wq$=None,tensor',))
+  with pytest.raises(ValueError, match='bad regex'):
+    sharding.parse_rules(('w[q=None',), 'draft_rules')
+
+
+def test_config_rules_override_the_defaults():
+  cfg, params = testing.tiny_model(n_heads=4, n_kv_heads=2, head_dim=8, d_model=32)
+  fake = jax.sharding.AbstractMesh((1, 2), ('data', 'model'))
+  rules = sharding.parse_rules(('w_down$=',)) + sharding.DEFAULT_RULES
+  specs = sharding.param_specs(params, fake, rules)
+  assert specs['layers'][0]['w_down'] == P(None, None)  # replicated
+  assert specs['layers'][0]['w_up'] == P(None, 'model')

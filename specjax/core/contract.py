@@ -156,6 +156,13 @@ class Drafter(abc.ABC):
     """Raises ValueError if this drafter cannot serve a batch of `batch` rows."""
     del batch
 
+  @property
+  def partition_rules(self) -> tuple | None:
+    """How its parameters shard over a (data, model) mesh: ((regex, PartitionSpec), ...)
+    over their paths (specjax/models/sharding.py); None: the target's rules (a draft
+    model's tree has the target's names)."""
+    return None
+
   def resyncing(self, window: int) -> Drafter:
     """This drafter, able to resume after up to `window` plain steps that skipped it.
 

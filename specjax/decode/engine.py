@@ -81,6 +81,16 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
   raise ValueError(f'length {n} exceeds the largest bucket {max(buckets)}')
 
 
+def fetch(tree):
+  """Host numpy copies of device arrays; across processes (jax.distributed) every process
+  gets the whole of each array, its rows gathered from the processes that hold them."""
+  if all(x.is_fully_addressable for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)):
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-process runs only)
+
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
 class Engine:
   """Generates from one model; compiled functions are cached per (batch, bucket) shape.
 
@@ -90,7 +100,11 @@ class Engine:
     eos_id: the token that ends a row (-1 for none).
     cache_size: the most KV slots a row may use: prompt + new tokens must fit. Each
       batch allocates only the smallest bucket that fits it.
-    mesh: optional (data, model) mesh; parameters are sharded by the default rules.
+    mesh: optional (data, model) mesh. Target parameters shard by `rules` and then the
+      default rules, draft parameters by `draft_rules` and then the drafter's own
+      (`Drafter.partition_rules`, else the target's), and KV caches (target's and
+      draft's) by `cache_spec` over [B, G, S, H]; specjax/models/sharding.py. A mesh
+      axis that does not divide a dimension leaves it replicated.
     buckets: prompt lengths are right-padded up to one of these (default powers of 2).
     drafter, draft_params: what proposes tokens when `generate` is called with gamma >= 1
       (its vocabulary must be the target's).
@@ -108,6 +122,9 @@ class Engine:
     pad_id: int = 0,
     drafter: Drafter | None = None,
     draft_params=None,
+    rules: sharding_lib.Rules = (),
+    draft_rules: sharding_lib.Rules = (),
+    cache_spec: jax.sharding.PartitionSpec = sharding_lib.CACHE_SPEC,
   ):
     if not 0 < cache_size:
       raise ValueError(f'cache_size must be positive, got {cache_size}')
@@ -133,15 +150,24 @@ class Engine:
         f'{cfg.vocab_size}: draft and target must share one vocabulary'
       )
     self.drafter = drafter
-    put = (
-      functools.partial(sharding_lib.shard_params, mesh=mesh)
-      if mesh is not None
-      else jax.device_put
-    )
-    self.params = put(params)
-    self.draft_params = None if draft_params is None else put(draft_params)
+    target_rules = tuple(rules) + sharding_lib.DEFAULT_RULES
+    own = None if drafter is None else drafter.partition_rules
+    self.rules = {
+      'target': target_rules,
+      'draft': tuple(draft_rules) + (target_rules if own is None else tuple(own)),
+    }
+
+    def put(tree, rules):
+      if mesh is None:
+        return jax.device_put(tree)
+      return sharding_lib.shard_params(tree, mesh, rules)
+
+    self.params = put(params, self.rules['target'])
+    self.draft_params = None if draft_params is None else put(draft_params, self.rules['draft'])
     constrain = (
-      functools.partial(sharding_lib.constrain_cache, mesh=mesh) if mesh is not None else None
+      functools.partial(sharding_lib.constrain_cache, mesh=mesh, spec=cache_spec)
+      if mesh is not None
+      else None
     )
     self._prefill = jax.jit(
       functools.partial(prefill_lib.prefill, constrain_cache=constrain, pad_id=pad_id),
@@ -324,7 +350,7 @@ class Engine:
     state = self._decode(
       params, state, cfg=self.cfg, method=method, sampling=sampling, eos_id=self.eos_id
     )
-    out_tokens, counts, steps, accepted, drafted, stops = jax.device_get(
+    out_tokens, counts, steps, accepted, drafted, stops = fetch(
       (
         state.tokens,
         state.num_generated,
@@ -337,7 +363,7 @@ class Engine:
     end = time.perf_counter()
     switches = 0
     if method.adaptive is not None:
-      final = jax.device_get(state.spec.control)
+      final = fetch(state.spec.control)
       switches = int(final.switches) - int(control.switches)
       if warm_control is None:  # not a warm-up run
         self._control[(method, sampling)] = final

@@ -34,7 +34,7 @@ from specjax.core import sampling as sampling_lib
 from specjax.core.contract import Drafter, DraftKind
 from specjax.drafters import tree_build
 from specjax.models import eagle as eagle_model
-from specjax.models import llama
+from specjax.models import llama, sharding
 from specjax.models.eagle import EagleConfig, cached_step, head_logits
 from specjax.models.kv_cache import KVCache
 
@@ -73,12 +73,18 @@ class EagleDrafter(Drafter):
   def feature_layers(self) -> tuple[int, ...]:
     return self.cfg.capture
 
+  @property
+  def partition_rules(self):
+    return sharding.EAGLE_RULES
+
   def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, features=None):
     if features is None:
       raise ValueError('an EAGLE head needs the target features of the prompt (prefill capture)')
     head, embed = params['head'], params['embed']
     b, p = prompt_tokens.shape
     cache = KVCache.init(self.cfg, b, cache_size, head['fc'].dtype)
+    if constrain is not None:
+      cache = constrain(cache)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     # Position t pairs the target's features at t with the prompt token at t + 1; the last
     # prompt position waits for the first emitted token (it stays pending in the ring).

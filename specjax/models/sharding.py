@@ -5,6 +5,14 @@ mesh axes ('data', 'model'): Megatron-style tensor parallelism (column-split
 wq/wk/wv/w_gate/w_up, row-split wo/w_down, vocabulary-split embeddings) with the
 batch split over 'data'. A dimension that the mesh axis does not divide is
 replicated instead (SmolLM2 has 9 query and 3 kv heads), so any model runs on any mesh.
+
+The target uses DEFAULT_RULES, a drafter its own (`Drafter.partition_rules`: a draft
+model the same, a feature head EAGLE_RULES), and KV caches CACHE_SPEC over [B, G, S, H].
+A run config adds rules in front of those (config.mesh.rules, config.mesh.draft_rules)
+as 'REGEX=AXES' strings, parsed by `parse_rules`:
+
+  'lm_head$=None,model'   # split the output head's vocabulary over 'model'
+  'layers/\\d+/wo$='       # keep every wo replicated (no axes)
 """
 
 from __future__ import annotations
@@ -31,6 +39,49 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
   (r'^layers/\d+/w_down$', P('model', None)),
   (r'norm$', P()),
 )
+
+# A feature head (specjax/models/eagle.py): its one layer reads [token; feature] (2D
+# rows), its fc fuses the captured layers, its output head is over the draft vocabulary.
+EAGLE_RULES: tuple[tuple[str, P], ...] = (
+  (r'^embed$', P('model', None)),
+  (r'^head/fc$', P(None, 'model')),
+  (r'^head/layer/w[qkv]$', P(None, 'model')),
+  (r'^head/layer/wo$', P('model', None)),
+  (r'^head/layer/w_(gate|up)$', P(None, 'model')),
+  (r'^head/layer/w_down$', P('model', None)),
+  (r'^head/head$', P(None, 'model')),
+)
+
+CACHE_SPEC = P('data', 'model', None, None)  # KV buffers [B, G, S, H]: rows, kv heads
+
+Rules = tuple[tuple[str, P], ...]
+
+
+def parse_rules(texts: Sequence[str], field: str = 'rules') -> Rules:
+  """('REGEX=AXES', ...) -> ((regex, PartitionSpec), ...); AXES is one entry per
+  dimension, comma separated: 'data', 'model' or 'None' (replicated); empty for P()."""
+  out = []
+  for text in texts:
+    if not isinstance(text, str) or '=' not in text:
+      raise ValueError(
+        f'config.mesh.{field}: rule {text!r} is not REGEX=AXES (e.g. "lm_head$=None,model")'
+      )
+    pattern, axes = text.rsplit('=', 1)
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise ValueError(f'config.mesh.{field}: rule {text!r}: bad regex ({e})') from None
+    out.append((pattern, parse_axes(axes, f'config.mesh.{field}: rule {text!r}')))
+  return tuple(out)
+
+
+def parse_axes(text: str, where: str) -> P:
+  """'None,model' -> P(None, 'model'); '' -> P()."""
+  names = [a.strip() for a in text.split(',')] if text.strip() else []
+  bad = [a for a in names if a not in AXES + ('None',)]
+  if bad:
+    raise ValueError(f'{where}: unknown mesh axis {bad[0]!r}; expected data, model or None')
+  return P(*(None if a == 'None' else a for a in names))
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -91,11 +142,11 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
   return NamedSharding(mesh, fit_spec(P('data'), shape, mesh))
 
 
-def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
-  """Pins cache buffers [B, G, S, H]: batch over 'data', kv heads over 'model'."""
+def constrain_cache(cache: KVCache, mesh: Mesh, spec: P = CACHE_SPEC) -> KVCache:
+  """Pins cache buffers [B, G, S, H] (default: batch over 'data', kv heads over 'model')."""
 
   def pin(x):
-    spec = fit_spec(P('data', 'model', None, None), x.shape, mesh)  # [B, G, S, H]
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    fitted = fit_spec(spec, x.shape, mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, fitted))
 
   return cache.replace(k=[pin(x) for x in cache.k], v=[pin(x) for x in cache.v])
