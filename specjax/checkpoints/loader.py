@@ -1,9 +1,12 @@
 """Loads a model and its tokenizer from one spec string (drafts: specjax/registry.py).
 
-Specs: a pinned asset name ('smollm2-135m-instruct'), a path to a .gguf file, a
+Specs: a pinned asset name ('smollm2-135m-instruct', 'gemma3-270m'), a path to a .gguf file, a
 Hugging Face style directory (config.json + *.safetensors + tokenizer.json),
 'tiny' (a random 2-layer model over bytes, for smoke tests), or 'dry:<name>' (a paper
 pair's model of specjax/pairs.py shrunk to a tiny random one over bytes, for dry runs).
+
+Base models (BASE_MODELS: not instruction-tuned, such as Gemma 3 270M) get their prompts as
+plain text after BOS, without a chat template (`Tokenizer.use_chat_template` False).
 """
 
 from __future__ import annotations
