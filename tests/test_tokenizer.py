@@ -107,6 +107,95 @@ def test_not_byte_level_bpe(tmp_path):
     Tokenizer.from_gguf(path)
 
 
+def _write_tiny_gemma_gguf(path: pathlib.Path, pieces=None) -> pathlib.Path:
+  """A tiny Gemma-style SentencePiece vocabulary as llama.cpp writes it: control tokens,
+  user-defined runs of newlines and spaces (spaces stored as real spaces), the 256 byte
+  tokens, and pieces in merge order; no merges, and scores that say nothing."""
+  control = ['<pad>', '<eos>', '<bos>', '<unk>', '<start_of_turn>', '<end_of_turn>']
+  user = ['\n', '\n\n', '  ', '   ']
+  pieces = pieces or [
+    *'\u2581helowrdx\u00e9',
+    'he',
+    'll',
+    'hell',
+    'hello',
+    '\u2581w',
+    '\u2581wor',
+    'or',
+    'ld',
+    '\u2581world',
+    '\u2581x',
+  ]
+  tokens = control + user + [f'<0x{b:02X}>' for b in range(256)] + list(pieces)
+  writer = gguf.GGUFWriter(path, arch='gemma3')
+  writer.add_tokenizer_model('llama')
+  writer.add_tokenizer_pre('default')
+  writer.add_token_list(tokens)
+  writer.add_token_scores([0.0] * len(tokens))
+  writer.add_token_types([3] * len(control) + [4] * len(user) + [6] * 256 + [1] * len(pieces))
+  writer.add_bos_token_id(2)
+  writer.add_eos_token_id(1)
+  writer.add_unk_token_id(3)
+  writer.add_pad_token_id(0)
+  writer.add_add_bos_token(True)
+  writer.add_add_space_prefix(False)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return path
+
+
+GEMMA_TEXTS = [
+  'hello world',
+  'hello  world\n\nx',  # two spaces and two newlines: user-defined tokens, matched whole
+  'h\u00e9llo w\u00f6rld \U0001f600',  # '\u00f6' and the emoji only as bytes: byte fallback
+  '<start_of_turn>hello<end_of_turn>',
+  '  x',
+  'ello',
+  '',
+]
+
+
+@pytest.mark.parametrize('text', GEMMA_TEXTS)
+def test_gemma_sentencepiece_matches_transformers(tmp_path, text):
+  transformers = pytest.importorskip('transformers')
+  path = _write_tiny_gemma_gguf(tmp_path / 'gemma.gguf')
+  tok = Tokenizer.from_gguf(path)
+  want = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+  assert tok.encode_text(text) == want(text)['input_ids']
+  assert tok.decode(tok.encode(text), skip_special_tokens=False) == text
+
+
+def test_gemma_sentencepiece_details(tmp_path):
+  tok = Tokenizer.from_gguf(_write_tiny_gemma_gguf(tmp_path / 'gemma.gguf'))
+  assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id, tok.add_bos) == (2, 1, 3, 0, True)
+  pieces = lambda text: [tok.id_to_token(i) for i in tok.encode(text)]
+  assert pieces('hello world') == ['hello', '\u2581world']
+  assert pieces('x  x') == ['x', '\u2581\u2581', 'x']  # '  ' is looked up as two '\u2581'
+  assert pieces('\u00f6') == ['<0xC3>', '<0xB6>']
+  assert tok.decode(tok.encode('<start_of_turn>hi')) == 'hi'
+  # Prompts: the chat template by default; a base model's plain text after BOS.
+  assert tok.encode_chat('hello') == tok.encode(
+    tok.apply_chat_template([{'role': 'user', 'content': 'hello'}])
+  )
+  plain = Tokenizer.from_gguf(tmp_path / 'gemma.gguf', use_chat_template=False)
+  assert plain.encode_chat('hello world') == [2, *tok.encode('hello world')]
+  with pytest.raises(ValueError, match='empty prompt'):
+    plain.encode_chat(' ')
+
+
+def test_gemma_sentencepiece_duplicates_are_named(tmp_path):
+  path = _write_tiny_gemma_gguf(tmp_path / 'dup.gguf', pieces=['h', '\u2581\u2581'])
+  with pytest.raises(ValueError, match=r'dup\.gguf: the vocabulary has 1 duplicate'):
+    Tokenizer.from_gguf(path)
+
+
+def test_byte_level_bpe_adds_no_bos(tiny):
+  assert not tiny.add_bos and tiny.use_chat_template
+  assert tiny.encode_text('hello') == tiny.encode('hello')
+
+
 def test_unknown_pre_tokenizer(tmp_path):
   path = _write_tiny_gguf(tmp_path / 'q.gguf', pre='qwen2')
   with pytest.raises(ValueError, match="pre-tokenizer 'qwen2' is not supported"):
