@@ -268,12 +268,28 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
   return out, categories
 
 
-def count_near_ties(engine, encoded, recs, baseline, threshold: float = 1e-4) -> int:
-  """How many greedy mismatches start where the target's top-2 logits are within `threshold`.
+# What counts as a near-tie of the top two logits, per parameter dtype: an absolute gap
+# in float32; in 16-bit formats a gap relative to the top logit (bfloat16 keeps 8
+# significant bits, so a verify forward and a one-token step that round one hidden
+# state differently move a logit by a few 2^-8 of its size).
+NEAR_TIE = {'float32': (1e-4, 0.0), 'bfloat16': (0.0, 2.0**-6), 'float16': (0.0, 2.0**-9)}
+
+
+def near_tie(top2, dtype) -> bool:
+  """Are the two largest logits top2 = (second, first) a near-tie for parameters of `dtype`?"""
+  absolute, relative = NEAR_TIE.get(np.dtype(dtype).name, NEAR_TIE['float32'])
+  gap = float(top2[1] - top2[0])
+  return gap < absolute or gap < relative * max(1.0, abs(float(top2[1])))
+
+
+def count_near_ties(engine, encoded, recs, baseline, threshold: float | None = None) -> int:
+  """How many greedy mismatches start at a near-tie of the target's top-2 logits: within
+  `threshold`, or by default `near_tie` for the target's parameter dtype (NEAR_TIE).
 
   A multi-token verify forward rounds differently from a one-token step, so outputs may
   legitimately part at a near-tie; any other mismatch is a bug.
   """
+  dtype = getattr(engine.params['embed'], 'dtype', np.float32)
   ties = 0
   for ids, r, b in zip(encoded, recs, baseline):
     if r['tokens'] == b['tokens']:
@@ -283,5 +299,5 @@ def count_near_ties(engine, encoded, recs, baseline, threshold: float = 1e-4) ->
       min(len(r['tokens']), len(b['tokens'])),
     )
     top2 = np.sort(engine.next_logits(list(ids) + b['tokens'][:first]))[-2:]
-    ties += bool(top2[1] - top2[0] < threshold)
+    ties += bool(top2[1] - top2[0] < threshold) if threshold is not None else near_tie(top2, dtype)
   return ties

@@ -353,3 +353,61 @@ def test_layer_lists_are_checked(text, match):
 
   with pytest.raises(ValueError, match=match):
     parse_layers(text, 30)
+
+
+# bfloat16: parameters and activations in bfloat16, logits, attention softmax and the
+# verification probabilities in float32 (README "Precision").
+
+
+def bf16(model):
+  cfg, params = model
+  return cfg, jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params)
+
+
+def test_bfloat16_logits_and_attention_scores_accumulate_in_float32(target):
+  cfg, params = target
+  cfg, p16 = bf16(target)
+  tokens = jnp.asarray(PROMPTS[1])[None]
+  full, cache = llama.forward(p16, tokens, KVCache.init(cfg, 1, 16, jnp.bfloat16), cfg)
+  assert full.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
+  # Not rounded to bfloat16 on the way out: most logits are not bfloat16 numbers.
+  as16 = np.asarray(jnp.asarray(full, jnp.bfloat16), np.float32)
+  assert np.mean(np.asarray(full) != as16) > 0.9
+  ref, _ = llama.forward(params, tokens, KVCache.init(cfg, 1, 16), cfg)
+  np.testing.assert_allclose(full, ref, atol=0.05 * float(jnp.abs(ref).max()))
+
+
+@pytest.mark.parametrize('draft', ['truncated target', 'prompt lookup'])
+def test_bfloat16_speculative_greedy_equals_target_greedy_up_to_near_ties(target, draft):
+  from specjax import metrics
+  from specjax.drafters.ngram import NgramDrafter
+
+  cfg, p16 = bf16(target)
+  if draft == 'prompt lookup':
+    engine = Engine(p16, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
+  else:
+    engine = engine_with((cfg, p16), truncated_target(cfg, p16, 1))
+  plain = engine.generate(PROMPTS, 40)
+  spec = engine.generate(PROMPTS, 40, gamma=4, verifier='greedy')
+  assert sum(spec.accepted[0]) > 0  # it drafted and verified
+  records = lambda out: [{'tokens': t} for t in out.tokens]
+  mismatches = sum(a != b for a, b in zip(plain.tokens, spec.tokens))
+  ties = metrics.count_near_ties(engine, PROMPTS, records(spec), records(plain))
+  assert mismatches == ties  # XLA:CPU: 0 (its verify and step forwards agree bit for bit)
+
+
+def test_bfloat16_near_ties_are_relative_to_the_logits():
+  from specjax import metrics
+
+  assert metrics.near_tie((9.95, 10.0), jnp.bfloat16)  # 0.05 < 10 / 64
+  assert not metrics.near_tie((9.5, 10.0), jnp.bfloat16)
+  assert not metrics.near_tie((9.95, 10.0), jnp.float32)
+  assert metrics.near_tie((10.0 - 5e-5, 10.0), jnp.float32)
+
+
+def test_bfloat16_speculative_sampling_matches_the_bfloat16_target(small_vocab):
+  target, draft = bf16(small_vocab[0]), bf16(small_vocab[1])
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(*target, sampling)
+  samples = sample_continuations((target, draft), sampling, 2, 'rejection')
+  assert chi_square_pvalue(samples, probs) > 1e-3

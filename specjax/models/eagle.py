@@ -176,7 +176,8 @@ def layer(p, x, e, cos, sin, cfg: EagleConfig, attend) -> jax.Array:
 
 def head_logits(params, out: jax.Array, cfg: EagleConfig) -> jax.Array:
   """Output state [..., D] -> float32 logits over the draft vocabulary [..., K]."""
-  return (llama.rms_norm(out, params['norm'], cfg.norm_eps) @ params['head']).astype(jnp.float32)
+  x = llama.rms_norm(out, params['norm'], cfg.norm_eps)
+  return jnp.matmul(x, params['head'], preferred_element_type=jnp.float32)
 
 
 def cached_step(

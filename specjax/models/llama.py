@@ -276,7 +276,7 @@ def _cache_scores(q: jax.Array, k: jax.Array) -> jax.Array:
   than contracting a [B, S, G, H] cache)."""
   b, t, g, r, h = q.shape
   q = q.transpose(0, 2, 3, 1, 4).reshape(b, g, r * t, h)
-  scores = jnp.einsum('BGQH,BGSH->BGQS', q, k).astype(jnp.float32)
+  scores = jnp.einsum('BGQH,BGSH->BGQS', q, k, preferred_element_type=jnp.float32)
   return scores.reshape(b, g, r, t, k.shape[2])
 
 
@@ -498,10 +498,14 @@ def logits_from_hidden(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Ar
   A tied head of a 2-4 row forward runs specjax's CPU kernel on XLA:CPU (a tenth of a
   2-token verification forward; specjax/kernels/cpu.py).
   """
+  w = params['embed'] if cfg.tie_embeddings else params['lm_head']
+  if not quant.is_block(w) and w.dtype != jnp.float32:  # bfloat16: accumulate in float32
+    rows = 'VD' if cfg.tie_embeddings else 'DV'
+    return jnp.einsum(f'...D,{rows}->...V', x, w, preferred_element_type=jnp.float32)
   if cfg.tie_embeddings:
-    logits = quant.dense_rows(x, params['embed'])
+    logits = quant.dense_rows(x, w)
   else:
-    logits = dense(x, params['lm_head'])
+    logits = dense(x, w)
   return logits.astype(jnp.float32)
 
 
