@@ -262,3 +262,44 @@ def test_eagle_specs_are_checked(tmp_path):
     eagle3.load(tmp_path)
   with pytest.raises(ValueError, match='usage|eagle'):
     registry.parse_draft('eagle:a,b')
+
+
+def test_a_head_for_a_llama3_target_keeps_its_rope_scaling(target, tmp_path):
+  import dataclasses
+
+  cfg, _ = target
+  scaled = dataclasses.replace(cfg, rope_scaling=('llama3', 8.0, 1.0, 4.0, 32.0))
+  hc = eagle_model.EagleConfig.for_target(scaled, 16)
+  assert hc.rope_scaling == scaled.rope_scaling
+  ids = np.arange(16)
+  hp = eagle_model.init_params(hc, jax.random.key(1), ids)
+  eagle3.save(tmp_path / 'head', hc, hp)
+  c = json.loads((tmp_path / 'head' / 'config.json').read_text())
+  assert c['rope_scaling'] == {
+    'rope_type': 'llama3',
+    'factor': 8.0,
+    'low_freq_factor': 1.0,
+    'high_freq_factor': 4.0,
+    'original_max_position_embeddings': 32,
+  }
+  assert eagle3.load(tmp_path / 'head')[0] == hc
+  # The scaling reaches the head's attention: far positions see other rotations.
+  plain = dataclasses.replace(hc, rope_scaling=())
+  feats = jax.random.normal(jax.random.key(2), (1, 40, len(hc.capture) * hc.d_model))
+  outs = []
+  for head_cfg in (hc, plain):
+    cache = KVCache.init(head_cfg, 1, 64)
+    fused = eagle_model.fuse(hp, feats)
+    positions = jnp.arange(40)[None]
+    out, _ = eagle_model.cached_step(
+      hp,
+      jnp.ones((64, hc.d_model)),
+      fused,
+      jnp.ones((1, 40), jnp.int32),
+      positions,
+      jnp.ones((1, 40), bool),
+      cache,
+      head_cfg,
+    )
+    outs.append(np.asarray(out))
+  assert not np.allclose(outs[0], outs[1])

@@ -208,6 +208,10 @@ def test_unsupported_configs_are_named(tmp_path):
     ),
     ({'rope_parameters': {'rope_type': 'yarn', 'factor': 4}}, "type 'yarn' is not supported"),
     ({'rope_parameters': {'rope_type': 'llama3', 'factor': 4}}, 'lacks'),
+    (
+      {'model_type': 'gemma3_text', 'layer_types': ['chunked_attention']},
+      r"layer_types has \['chunked_attention'\]",
+    ),
   ]
   for change, message in cases:
     (tmp_path / 'config.json').write_text(json.dumps({**base, **change}))

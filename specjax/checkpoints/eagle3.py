@@ -35,6 +35,7 @@ import pathlib
 import ml_dtypes
 import numpy as np
 
+from specjax.checkpoints import hf
 from specjax.models.eagle import EagleConfig, check_params
 
 CONFIG_FILE = 'config.json'
@@ -100,6 +101,18 @@ def from_tensors(tensors, vocab_size: int) -> dict:
   }
 
 
+def rope_scaling_dict(scaling: tuple) -> dict | None:
+  """LlamaConfig.rope_scaling as transformers writes it (None: no scaling)."""
+  if not scaling:
+    return None
+  if scaling[0] == 'linear':
+    return {'rope_type': 'linear', 'factor': scaling[1]}
+  keys = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
+  out = dict(zip(keys, scaling[1:]), rope_type='llama3')
+  out['original_max_position_embeddings'] = int(out['original_max_position_embeddings'])
+  return out
+
+
 def hf_config(cfg: EagleConfig, info: dict | None = None) -> dict:
   return {
     'architectures': [ARCHITECTURE],
@@ -114,6 +127,7 @@ def hf_config(cfg: EagleConfig, info: dict | None = None) -> dict:
     'hidden_act': 'silu',
     'rms_norm_eps': cfg.norm_eps,
     'rope_theta': cfg.rope_base,
+    'rope_scaling': rope_scaling_dict(cfg.rope_scaling),
     'max_position_embeddings': 8192,
     'vocab_size': cfg.vocab_size,
     'draft_vocab_size': cfg.draft_vocab,
@@ -167,6 +181,7 @@ def load(directory) -> tuple[EagleConfig, dict, dict]:
       capture=capture,
       rope_base=float(c.get('rope_theta', 10000.0)),
       norm_eps=float(c.get('rms_norm_eps', 1e-5)),
+      rope_scaling=hf._rope(c.get('rope_scaling'), 0.0, d / CONFIG_FILE, 'rope_scaling')[1],
     )
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None

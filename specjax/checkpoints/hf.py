@@ -263,6 +263,13 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
           'full_attention' if (i + 1) % pattern == 0 else 'sliding_attention'
           for i in range(n_layers)
         ]
+      names = {'full_attention': 'full', 'sliding_attention': 'sliding'}
+      unknown = sorted({str(t) for t in types} - set(names))
+      if unknown:
+        raise ValueError(
+          f'{file}: layer_types has {unknown}; specjax reads full_attention and '
+          'sliding_attention layers'
+        )
       kwargs = dict(
         qk_norm=True,
         sandwich_norms=True,
@@ -270,7 +277,7 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
         scale_embeddings=True,
         query_scale=float(config.get('query_pre_attn_scalar', 256)) ** -0.5,
         sliding_window=int(config.get('sliding_window') or 4096),
-        layer_types=tuple('full' if t == 'full_attention' else 'sliding' for t in types),
+        layer_types=tuple(names[t] for t in types),
         rope_local_base=local,
       )
     else:

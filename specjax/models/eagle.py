@@ -53,6 +53,7 @@ class EagleConfig:
   rope_base: float = 10000.0
   norm_eps: float = 1e-5
   n_layers: int = 1  # the head's own KV cache has one layer
+  rope_scaling: tuple = ()  # the target's (LlamaConfig.rope_scaling): Llama 3.x heads
 
   def __post_init__(self):
     if not self.capture:
@@ -75,6 +76,7 @@ class EagleConfig:
       capture=capture,
       rope_base=target.rope_base,
       norm_eps=target.norm_eps,
+      rope_scaling=target.rope_scaling,
     )
 
   def param_shapes(self) -> dict:
@@ -188,7 +190,7 @@ def cached_step(
   lengths unchanged). Token trees give `slots` [B, T] to write at instead (`valid` then
   unused) and the `mask` [B, T, S] of slots each node sees."""
   e = jnp.take(embed, next_tokens, axis=0).astype(x.dtype)
-  cos, sin = llama.rope_tables(positions, cfg.head_dim, cfg.rope_base)
+  cos, sin = llama.rope_tables(positions, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
   writes = jnp.where(valid, positions, cache.cache_size) if slots is None else slots
   if mask is None:
     mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]
