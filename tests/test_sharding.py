@@ -162,18 +162,21 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
     s = SamplingConfig(temperature=1.0)
     adaptive = AdaptiveConfig(gammas=(1, 2), draft_cost=(0.1, 0.2), verify_cost=(1.1, 1.2))
     mesh = sharding.make_mesh(data=4, model=2)
-    runs = (dict(gamma=3, verifier='greedy'), dict(adaptive=adaptive, verifier='greedy'),
-            dict(sampling=s, seed=3, gamma=3), dict(sampling=s, seed=4, adaptive=adaptive))
+    greedy = (dict(gamma=3, verifier='greedy'), dict(adaptive=adaptive, verifier='greedy'))
+    sampled = (dict(sampling=s, seed=4, adaptive=adaptive), dict(sampling=s, seed=3, gamma=3))
     out = {'plain': Engine(params, cfg, eos_id=-1, cache_size=64).generate(prompts, 10).tokens}
     for name in sys.argv[1:]:
+      # Every drafter at fixed gamma (greedy) and adaptively (sampled); the draft model and
+      # prompt lookup also the other way round (compiles on 8 devices dominate the time).
+      n = 2 if name in ('draft model', 'lookup') else 1
       drafter, draft_params = build(name)
       kw = dict(eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
       sharded, single = Engine(params, cfg, mesh=mesh, **kw), Engine(params, cfg, **kw)
       split = [x.sharding.spec for x in jax.tree.leaves(sharded.draft_params or {})]
       out[name] = {
-        'sharded': [sharded.generate(prompts, 10, **r).tokens for r in runs],
-        # greedy runs equal target greedy (out['plain']) on one device by other tests
-        'single': [single.generate(prompts, 10, **r).tokens for r in runs[2:]],
+        'greedy': [sharded.generate(prompts, 10, **r).tokens for r in greedy[:n]],
+        'sampled': [[e.generate(prompts, 10, **r).tokens for e in (sharded, single)]
+                    for r in sampled[:n]],
         'draft_split': sum(any(a is not None for a in spec) for spec in split),
       }
     print('RESULT' + json.dumps(out))
@@ -197,18 +200,19 @@ def run_drafters(*names):
 @pytest.mark.slow
 @pytest.mark.parametrize(
   'names',
-  [('draft model', 'distilled', 'layer skip'), ('lookup', 'consensus', 'eagle')],
-  ids=['models', 'lookup-consensus-eagle'],
+  [('draft model', 'distilled'), ('layer skip', 'lookup', 'consensus', 'eagle')],
+  ids=['models', 'self-lookup-consensus-eagle'],
 )
 def test_every_drafter_decodes_sharded_as_on_one_device(names):
-  """On a (data=4, model=2) mesh: greedy speculative decoding at fixed gamma and under
-  adaptive control equals target greedy, and sampled decoding with a fixed key equals one
-  device's, for every drafter kind; draft parameters are split by their own rules."""
+  """On a (data=4, model=2) mesh, every drafter kind: greedy speculative decoding equals
+  target greedy and sampled decoding with a fixed key equals one device's, at fixed gamma
+  and under adaptive control; draft parameters are split by their own rules."""
   out = run_drafters(*names)
   for name in names:
-    sharded, single = out[name]['sharded'], out[name]['single']
-    assert sharded[0] == out['plain'] and sharded[1] == out['plain'], name
-    assert sharded[2:] == single, name
+    # greedy runs equal target greedy (out['plain']), which equals one device's elsewhere
+    assert all(run == out['plain'] for run in out[name]['greedy']), name
+    for sharded, single in out[name]['sampled']:
+      assert sharded == single, name
     if name in ('draft model', 'distilled', 'layer skip', 'eagle'):
       assert out[name]['draft_split'] > 0, name  # not all replicated
 
