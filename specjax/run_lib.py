@@ -7,6 +7,7 @@ validate the config (run_config) -> load the target and the drafts (checkpoints,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import pathlib
@@ -17,11 +18,13 @@ import ml_collections
 
 from specjax import metrics, pairs, registry, report, run_config
 from specjax.bench import costs as costs_lib
+from specjax.bench import leaderboard
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
 from specjax.data import prompts as prompts_lib
+from specjax.data import specbench
 from specjax.decode.engine import Engine
 from specjax.models import sharding as sharding_lib
 
@@ -149,34 +152,86 @@ def load_workload(config) -> list[prompts_lib.Prompt]:
 
 
 def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive, say):
-  """Every method on every batch, interleaved batch by batch: (records, compile seconds)."""
+  """Every method on every batch, interleaved batch by batch: (records, compile seconds,
+  inputs), `inputs` the prompt ids of each record ({method: [ids]}, aligned with records).
+
+  A multi-turn prompt (Spec-Bench's MT-bench questions, `Prompt.later_turns`) asks its next
+  turn once every method has answered the one before, each method following its own answer
+  (the chat so far: user, assistant, user), as Spec-Bench runs a method; rows of a batch
+  without that turn sit it out. Every method's records come in the same order (a batch's
+  first turns, then its second turns) and carry their turn (1, 2, ...).
+  """
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   records = {m.name: [] for m in methods}
+  inputs = {m.name: [] for m in methods}
   compile_seconds = {m.name: 0.0 for m in methods}
+  calls = 0  # one per (batch, turn): the records' 'batch', whose decode time they share
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
-    for m in methods:
-      out = engines[m.draft].generate(
-        [encoded[j] for j in batch],
-        config.max_new_tokens,
-        sampling,
-        seed=config.seed + i,
-        gamma=m.gamma,
-        verifier=config.verifier,
-        adaptive=adaptive.get(m.name),
-        tree=m.tree_spec,
-      )
-      compile_seconds[m.name] += out.compile_seconds
-      for row, j in enumerate(batch):
-        rec = metrics.record(
-          workload[j], encoded[j], out, row, tokenizer, m.name, i // config.batch_size
+    chats = {m.name: {j: [] for j in batch} for m in methods}  # each method's conversations
+    for turn in range(1, 2 + max(len(workload[j].later_turns) for j in batch)):
+      rows = [j for j in batch if len(workload[j].later_turns) >= turn - 1]
+      for m in methods:
+        ids, asked = [], []
+        for j in rows:
+          p = workload[j]
+          text = p.text if turn == 1 else p.later_turns[turn - 2]
+          chat = chats[m.name][j]
+          chat.append({'role': 'user', 'content': text})
+          asked.append(p if turn == 1 else dataclasses.replace(p, text=text))
+          if turn == 1:
+            ids.append(encoded[j])
+            continue
+          try:
+            ids.append(tokenizer.encode_conversation(chat))
+          except ValueError as e:
+            raise ValueError(f'prompt {p.id!r}, turn {turn}: {e}') from None
+        out = engines[m.draft].generate(
+          ids,
+          config.max_new_tokens,
+          sampling,
+          seed=config.seed + i + (turn - 1) * len(workload),
+          gamma=m.gamma,
+          verifier=config.verifier,
+          adaptive=adaptive.get(m.name),
+          tree=m.tree_spec,
         )
-        records[m.name].append(rec)
-    speeds = (
-      f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s' for m in methods
-    )
-    say(f'[{len(batch) + i}/{len(workload)}] ' + ', '.join(speeds))
-  return records, compile_seconds
+        compile_seconds[m.name] += out.compile_seconds
+        for row, j in enumerate(rows):
+          rec = metrics.record(asked[row], ids[row], out, row, tokenizer, m.name, calls)
+          rec['turn'] = turn
+          records[m.name].append(rec)
+          inputs[m.name].append(ids[row])
+          chats[m.name][j].append({'role': 'assistant', 'content': rec['output'].strip()})
+      calls += 1
+      speeds = (
+        f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s' for m in methods
+      )
+      label = f', turn {turn}' if turn > 1 else ''
+      say(f'[{len(batch) + i}/{len(workload)}{label}] ' + ', '.join(speeds))
+  return records, compile_seconds, inputs
+
+
+def check_cache_fits(config, workload, encoded, tokenizer) -> None:
+  """Every prompt, and every later turn after answers of max_new_tokens, fits the cache:
+  an error naming the prompt, the turn and the slots it needs, before any decoding."""
+  new = config.max_new_tokens
+  for p, ids in zip(workload, encoded):
+    chat = [{'role': 'user', 'content': p.text}]
+    need, worst = len(ids) + new, 1
+    for turn, text in enumerate(p.later_turns, start=2):
+      # Each answer before is at most max_new_tokens ('x' stands in for it: one token).
+      chat += [{'role': 'assistant', 'content': 'x'}, {'role': 'user', 'content': text}]
+      bound = len(tokenizer.encode_conversation(chat)) - (turn - 1) + turn * new
+      if bound > need:
+        need, worst = bound, turn
+    if need > config.cache_size:
+      size = 1 << (need - 1).bit_length()
+      raise ValueError(
+        f'prompt {p.id!r} ({p.category}), turn {worst}: needs up to {need} cache slots (prompt and '
+        f'answers of max_new_tokens={new}), but config.cache_size = {config.cache_size}: '
+        f'pass --config.cache_size={size} or fewer max_new_tokens'
+      )
 
 
 def main(
@@ -232,6 +287,7 @@ def main(
       encoded.append(model.tokenizer.encode_chat(p.text))
     except ValueError as e:
       raise ValueError(f'prompt {p.id!r}: {e}') from None
+  check_cache_fits(config, workload, encoded, model.tokenizer)
   cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
   costs = measure_costs(config, engines, methods, cache_size, say) if config.measure_costs else {}
   adaptive = {}
@@ -243,21 +299,35 @@ def main(
       )
     else:
       adaptive[m.name] = AdaptiveConfig(gammas=config.adaptive_gammas, trees=trees)
-  records, compile_seconds = decode_all(
+  records, compile_seconds, inputs = decode_all(
     config, engines, methods, workload, encoded, model.tokenizer, adaptive, say
   )
   plans = {m.name: (m.draft, m.gamma, m.adaptive, m.tree) for m in methods}
   summaries, categories = metrics.summarize(records, compile_seconds, plans, costs)
   if config.temperature == 0:
+    base, base_ids = records['autoregressive'], inputs['autoregressive']
     for name, m in summaries.items():
-      m.near_ties = metrics.count_near_ties(
-        engines[''], encoded, records[name], records['autoregressive']
+      # A later turn after a different answer (a greedy mismatch of an earlier turn) has
+      # another prompt: its mismatch is that one's, counted as a near-tie if that was one.
+      same = [k for k, ids in enumerate(inputs[name]) if list(ids) == list(base_ids[k])]
+      after = [k for k in range(len(base)) if list(inputs[name][k]) != list(base_ids[k])]
+      m.near_ties = sum(records[name][k]['tokens'] != base[k]['tokens'] for k in after)
+      m.near_ties += metrics.count_near_ties(
+        engines[''],
+        [base_ids[k] for k in same],
+        [records[name][k] for k in same],
+        [base[k] for k in same],
       )
   summary = report.results(
     config, model.source, drafts, summaries, categories, costs, len(workload), records
   )
   if lead:
     report.write_results(out_dir, config, records, summary)
+  if specbench.is_specbench(config.prompts) and not config.prompt:
+    board = leaderboard.markdown(records, summary, config)
+    if lead:
+      leaderboard.write(out_dir, records, summary, config)
+    say(board)
   if config.prompt or (verbose and len(workload) <= 4):
     report.show_texts(say, records, greedy=config.temperature == 0)
   say(report.format_table(summary))

@@ -55,6 +55,13 @@ class ByteTokenizer:
       raise ValueError('empty prompt')
     return [self.bos_id] + self.encode(prompt)
 
+  def encode_conversation(self, messages) -> list[int]:
+    """BOS, then the messages' contents a blank line apart (one message: `encode_chat`'s)."""
+    from specjax.tokenizer import _check_conversation
+
+    _check_conversation(messages)
+    return [self.bos_id] + self.encode('\n\n'.join(m['content'] for m in messages))
+
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     data = bytes(i - self.offset for i in ids if self.offset <= i < 256 + self.offset)
     return data.decode('utf-8', errors='replace')

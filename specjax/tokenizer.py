@@ -248,6 +248,20 @@ class Tokenizer:
       return self.encode_text(prompt)
     return self.encode(self.apply_chat_template([{'role': 'user', 'content': prompt}]))
 
+  def encode_conversation(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a multi-turn chat ending with a user message (user, assistant, ...,
+    user), then the assistant's turn; one user message is `encode_chat`'s. A base model
+    (`use_chat_template` False) reads the messages' contents as plain text, a blank line
+    apart.
+
+    Raises:
+      ValueError: a user message is empty, or the roles do not alternate from user to user.
+    """
+    _check_conversation(messages)
+    if not self.use_chat_template:
+      return self.encode_text('\n\n'.join(m['content'] for m in messages))
+    return self.encode(self.apply_chat_template([dict(m) for m in messages]))
+
   def _token(self, token_id: int | None) -> str | None:
     return None if token_id is None else self.backend.id_to_token(token_id)
 
@@ -349,6 +363,24 @@ def _gemma_bpe(meta: Mapping[str, Any], path: PathLike) -> tokenizers.Tokenizer:
     ]
   )
   return tok
+
+
+def _check_conversation(messages: Sequence[Mapping[str, str]]) -> None:
+  """A conversation `encode_conversation` renders: user and assistant messages in turn,
+  first and last the user's; no user message empty (an answer may be: a model can stop at once)."""
+  if not messages or len(messages) % 2 == 0:
+    raise ValueError(
+      f'a conversation needs an odd number of messages (user, assistant, ..., user), '
+      f'got {len(messages)}'
+    )
+  for k, m in enumerate(messages):
+    role = 'user' if k % 2 == 0 else 'assistant'
+    if m.get('role') != role:
+      raise ValueError(f'message {k}: role {m.get("role")!r}, expected {role!r}')
+    if not isinstance(m.get('content'), str):
+      raise ValueError(f'message {k} ({role}): content must be a string')
+    if role == 'user' and not m['content'].strip():
+      raise ValueError(f'message {k} (user): empty content')
 
 
 def _read_config(path: pathlib.Path) -> dict[str, Any]:

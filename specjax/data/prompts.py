@@ -6,6 +6,8 @@ Every prompt is one user chat message, to be wrapped by the model's chat templat
   load_prompts('mtbench:coding', 5)  # the first 5 MT-Bench coding questions (first turns)
   load_prompts('code_edit')          # return a stdlib function with a small change
   load_prompts('my_prompts.jsonl')   # {"prompt": "...", "category": "...", "id": "..."} a line
+  load_prompts('specbench', 3)       # the first 3 Spec-Bench questions of each of its 13
+                                     # categories, both turns (specjax/data/specbench.py)
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ HUMANEVAL_INSTRUCTION = (
   'Complete the following Python function. Reply with the full function in a Python code block.'
   '\n\n```python\n{prompt}```'
 )
-_KNOWN = 'humaneval, mtbench, mtbench:<category>, code_edit, or a path to a .jsonl file'
+_KNOWN = (
+  'humaneval, mtbench, mtbench:<category>, code_edit, or a path to a .jsonl file; or Spec-Bench: '
+  'specbench, specbench:<category>, specbench:<path to question.jsonl>[:<category>]'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +41,14 @@ class Prompt:
     id: unique within its set (HumanEval task_id, MT-Bench question_id, JSONL id or line number).
     text: the user message, to be rendered with the chat template.
     category: e.g. 'humaneval', an MT-Bench category, or a JSONL file's 'category'.
+    later_turns: the user's next messages of a multi-turn question (Spec-Bench's MT-bench
+      questions), each asked after the model's own answer to the one before; () for one turn.
   """
 
   id: str
   text: str
   category: str
+  later_turns: tuple[str, ...] = ()
 
 
 def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
@@ -49,8 +57,9 @@ def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
   Args:
     spec: 'humaneval', 'mtbench', 'mtbench:<category>', or the path of a JSONL file whose lines
       are objects with "prompt" (a string) or "turns" (strings; the first is used), and optional
-      "category" (default 'default') and "id" (default: the line number).
-    num_prompts: keep only the first this many.
+      "category" (default 'default') and "id" (default: the line number); or Spec-Bench:
+      'specbench', 'specbench:<category>', 'specbench:<path>[:<category>]' (every turn).
+    num_prompts: keep only the first this many (Spec-Bench: the first this many per category).
 
   Returns:
     The prompts, in file order.
@@ -60,6 +69,10 @@ def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
   """
   if num_prompts is not None and num_prompts < 1:
     raise ValueError(f'num_prompts must be >= 1 (or None for all), got {num_prompts}.')
+  if spec == 'specbench' or spec.startswith('specbench:'):
+    from specjax.data import specbench
+
+    return specbench.load(spec, num_prompts)
   prompts = list(_resolve(spec))
   if not prompts:
     raise ValueError(f'Prompt set {spec!r} is empty.')

@@ -1,0 +1,164 @@
+"""Spec-Bench's leaderboard from a run's records: results_specbench.md and a bar chart per method.
+
+Spec-Bench reports, per method and category, the speedup over autoregressive decoding and
+"#Mean Accepted Tokens": tokens per target forward pass, the bonus token included (specjax's
+tokens per call, the prefill counting as one call). Its leaderboard pools MT-bench's 8
+categories into "Multi-turn Conversation" and adds the overall figures; the fine table keeps
+the 13 categories. Every figure pools the records of its group (every turn of every question):
+tokens over target calls, and tokens per second (prefill included, each turn's whole
+generation as Spec-Bench times it) over autoregressive decoding's on the same records.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+
+from specjax import metrics
+from specjax.bench import tables
+from specjax.data import specbench
+
+BASELINE = 'autoregressive'
+OVERALL = 'Overall'
+MAT = '#Mean Accepted Tokens'
+
+
+def group_figures(records: Mapping[str, list[dict]], categories: Sequence[str]) -> dict:
+  """{method: {'speedup', 'decode_speedup', 'tokens_per_call', 'records'}} over the records
+  whose category is one of `categories` (None figures when there are none)."""
+  base = records[BASELINE]
+  pick = [k for k, r in enumerate(base) if r['category'] in categories]
+  out = {}
+  if not pick:
+    return {name: None for name in records}
+  ref = metrics.summarize_method([base[k] for k in pick], [base[k] for k in pick])
+  for name, recs in records.items():
+    m = metrics.summarize_method([recs[k] for k in pick], [base[k] for k in pick])
+    out[name] = {
+      'speedup': m.tokens_per_second / ref.tokens_per_second,
+      'decode_speedup': m.decode_tokens_per_second / ref.decode_tokens_per_second,
+      'tokens_per_call': m.tokens_per_call,
+      'records': len(pick),
+    }
+  return out
+
+
+def leaderboard(records: Mapping[str, list[dict]]) -> dict:
+  """{column: group_figures} for Spec-Bench's leaderboard columns, the 13 categories (and
+  any other category of the run, after them) and 'Overall'."""
+  seen = list(dict.fromkeys(r['category'] for r in records[BASELINE]))
+  fine = [c for c in specbench.CATEGORIES if c in seen] + [
+    c for c in seen if c not in specbench.CATEGORIES
+  ]
+  out = {'columns': {}, 'categories': {}}
+  for column, cats in specbench.LEADERBOARD.items():
+    out['columns'][column] = group_figures(records, cats)
+  out['columns'][OVERALL] = group_figures(records, seen)
+  for cat in fine:
+    out['categories'][cat] = group_figures(records, (cat,))
+  return out
+
+
+def _x(value: float | None) -> str | None:
+  return None if value is None else f'{value:.2f}x'
+
+
+def markdown(records: Mapping[str, list[dict]], summary: Mapping, config) -> str:
+  """results_specbench.md: the leaderboard, mean accepted tokens by column, the 13 categories."""
+  board = leaderboard(records)
+  columns = [c for c in specbench.LEADERBOARD]
+  methods = list(records)
+  base = records[BASELINE]
+  questions = len({(r['category'], r['id']) for r in base})
+  lines = [
+    '# Spec-Bench',
+    '',
+    f'Model {summary["model"]}; {questions} questions, {len(base)} turns; '
+    f'max_new_tokens {config.max_new_tokens}, temperature {config.temperature}, '
+    f'batch {config.batch_size}, verifier {config.verifier}. Speedup: tokens per second of '
+    "each turn's whole generation (prefill included) over autoregressive decoding on the same "
+    f'turns; {MAT}: tokens per target forward pass (bonus token included). Multi-turn '
+    "Conversation pools MT-bench's 8 categories; every figure pools all turns.",
+    '',
+    '## Leaderboard (speedup over autoregressive)',
+    '',
+  ]
+  rows = []
+  for name in methods:
+    row = [name] + [_fig(board['columns'][c], name, 'speedup') for c in columns]
+    overall = board['columns'][OVERALL][name]
+    rows.append(row + [overall['tokens_per_call'], _x(overall['speedup'])])
+  lines.append(tables.markdown_table(['Method', *columns, MAT, 'Overall'], rows))
+  lines += ['', f'## {MAT} (tokens per target call)', '']
+  rows = [
+    [name] + [_fig(board['columns'][c], name, 'tokens_per_call') for c in [*columns, OVERALL]]
+    for name in methods
+  ]
+  lines.append(tables.markdown_table(['Method', *columns, 'Overall'], rows))
+  lines += ['', '## By category (speedup / decode-loop speedup / tokens per call)', '']
+  header = ['Category', 'turns'] + methods
+  rows = []
+  for cat, figs in [*board['categories'].items(), (OVERALL, board['columns'][OVERALL])]:
+    cells = []
+    for name in methods:
+      f = figs[name]
+      cells.append(f'{f["speedup"]:.2f}x / {f["decode_speedup"]:.2f}x / {f["tokens_per_call"]:.2f}')
+    rows.append([cat, figs[BASELINE]['records'], *cells])
+  lines.append(tables.markdown_table(header, rows))
+  return '\n'.join(lines) + '\n'
+
+
+def _fig(figs: Mapping, name: str, key: str):
+  f = figs.get(name)
+  if f is None:
+    return None
+  return _x(f[key]) if key == 'speedup' else f[key]
+
+
+def _file_name(method: str) -> str:
+  return 'specbench_' + re.sub(r'[^A-Za-z0-9._-]+', '_', method) + '.png'
+
+
+def plot(out_dir: pathlib.Path, records: Mapping[str, list[dict]]) -> list[pathlib.Path]:
+  """specbench_<method>.png per speculative method (every method when only the baseline ran):
+  its speedup per leaderboard column and overall, each bar labelled with its tokens per call."""
+  import matplotlib
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  board = leaderboard(records)
+  columns = [c for c in [*specbench.LEADERBOARD, OVERALL] if board['columns'][c][BASELINE]]
+  methods = [name for name in records if name != BASELINE] or [BASELINE]
+  paths = []
+  for name in methods:
+    speed = [board['columns'][c][name]['speedup'] for c in columns]
+    tpc = [board['columns'][c][name]['tokens_per_call'] for c in columns]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colors = ['tab:blue'] * (len(columns) - 1) + ['tab:orange']
+    bars = ax.bar(range(len(columns)), speed, color=colors)
+    for bar, t in zip(bars, tpc):
+      ax.annotate(
+        f'{t:.2f} tok/call',
+        (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        ha='center',
+        va='bottom',
+        fontsize=7,
+      )
+    ax.axhline(1.0, color='gray', linestyle='--', linewidth=1)
+    ax.set_xticks(range(len(columns)), [c.replace(' ', '\n', 1) for c in columns], fontsize=7)
+    ax.set(ylabel='speedup over autoregressive', title=f'Spec-Bench: {name}')
+    fig.tight_layout()
+    path = out_dir / _file_name(name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def write(out_dir: pathlib.Path, records, summary, config) -> list[pathlib.Path]:
+  """results_specbench.md and the bar charts; returns their paths."""
+  path = out_dir / 'results_specbench.md'
+  path.write_text(markdown(records, summary, config))
+  return [path, *plot(out_dir, records)]
