@@ -29,8 +29,9 @@ FIELDS = {
   'model': 'target model spec: asset name, .gguf file, Hugging Face directory, or tiny',
   'dtype': f'parameter dtype, one of {sorted(loader.DTYPES)}',
   'prompt': 'one chat prompt (overrides prompts)',
-  'prompts': 'prompt set: humaneval, mtbench, mtbench:<category>, code_edit, or a JSONL file',
-  'num_prompts': 'how many prompts of the set',
+  'prompts': 'prompt set: humaneval, mtbench, mtbench:<category>, code_edit, a JSONL file, or '
+  'specbench[:<category>|:<path>[:<category>]] (every turn; specjax/data/specbench.py)',
+  'num_prompts': 'how many prompts of the set (Spec-Bench: how many of each category)',
   'batch_size': 'rows per batch',
   'max_new_tokens': 'new tokens per prompt',
   'cache_size': 'the most KV slots a row may use',
