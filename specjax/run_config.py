@@ -48,6 +48,8 @@ FIELDS = {
   'trees': 'token trees every draft also runs (dynamic:SIZE-DEPTH-WIDTH, or a shape like 4x2x1)',
   'methods': 'a comma-separated subset of the methods, or others in the same syntax',
   'measure_costs': 'time draft and verify steps before decoding',
+  'quick': 'one --config.prompt: autoregressive and quick_method only, a short verdict',
+  'quick_method': 'the speculative method a quick one-prompt run compares (e.g. eagle@2)',
 }
 
 
@@ -117,6 +119,15 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
       'drafts',
       tuple(c.drafts),
       'non-empty draft specs (without @)',
+    )
+  config_lib.check(isinstance(c.quick, bool), 'quick', c.quick, 'True or False')
+  if is_quick(c):
+    try:
+      quick = parse_method(c.quick_method)
+    except ValueError as e:
+      raise ValueError(f'config.quick_method: {e}') from None
+    config_lib.check(
+      quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'eagle@2'"
     )
   methods = build_methods(c)
   for spec in dict.fromkeys(m.draft for m in methods if m.draft):
@@ -225,13 +236,22 @@ def parse_method(text: str) -> MethodName:
   return MethodName(text, draft, gamma)
 
 
+def is_quick(config) -> bool:
+  """A one-prompt question (config.prompt, config.quick, no config.methods): answered with
+  autoregressive decoding and config.quick_method, without the cost measurement."""
+  return bool(config.prompt and config.quick and not config.methods)
+
+
 def build_methods(config) -> list[MethodName]:
   """Autoregressive first, then every draft at every gamma (and adaptive), or config.methods.
 
   The declared set is config.drafts x config.gammas, plus '<draft>@adaptive' per draft
   when config.adaptive_gammas or config.adaptive_trees is set. config.methods (comma
-  separated) picks a subset of those, or names others in the same syntax.
+  separated) picks a subset of those, or names others in the same syntax. A quick
+  one-prompt run (is_quick) runs autoregressive decoding and config.quick_method.
   """
+  if is_quick(config):
+    return [AUTOREGRESSIVE, parse_method(config.quick_method)]
   declared = [AUTOREGRESSIVE]
   for spec in config.drafts:
     declared += [MethodName(f'{spec}@{g}', spec, g) for g in config.gammas]

@@ -16,7 +16,7 @@ import time
 import jax
 import ml_collections
 
-from specjax import metrics, pairs, registry, report, run_config
+from specjax import metrics, pairs, registry, report, run_config, verdict
 from specjax.bench import costs as costs_lib
 from specjax.bench import leaderboard
 from specjax.checkpoints import loader
@@ -289,7 +289,9 @@ def main(
       raise ValueError(f'prompt {p.id!r}: {e}') from None
   check_cache_fits(config, workload, encoded, model.tokenizer)
   cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
-  costs = measure_costs(config, engines, methods, cache_size, say) if config.measure_costs else {}
+  quick = run_config.is_quick(config)  # one question: no cost measurement, a short verdict
+  measure = config.measure_costs and not quick
+  costs = measure_costs(config, engines, methods, cache_size, say) if measure else {}
   adaptive = {}
   for m in (m for m in methods if m.adaptive):
     trees = trees_of[m.name]
@@ -328,8 +330,13 @@ def main(
     if lead:
       leaderboard.write(out_dir, records, summary, config)
     say(board)
-  if config.prompt or (verbose and len(workload) <= 4):
+  if not quick and (config.prompt or (verbose and len(workload) <= 4)):
     report.show_texts(say, records, greedy=config.temperature == 0)
+  if quick:
+    for line in verdict.lines(summary, records, methods[1].name):
+      say(line)
+    say(f'results in {out_dir}')
+    return summary
   say(report.format_table(summary))
   say(report.format_best_gamma(summary))
   say(f'results in {out_dir}  (advice: python -m specjax.advise {out_dir})')

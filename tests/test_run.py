@@ -232,6 +232,11 @@ def test_command_line_overrides_and_errors(tmp_path):
   assert ok.returncode == 0, ok.stderr[-2000:]
   methods = json.loads((tmp_path / 'results.json').read_text())['methods']
   assert all(m['new_tokens'] <= 5 for m in methods.values())
+  # One prompt is a question: autoregressive and the quick method, then a short verdict.
+  assert set(methods) == {'autoregressive', 'ngram@4'}
+  # (whether it paid is timing; a random tiny model is noise)
+  assert 'on this prompt: ' in ok.stdout and 'ngram@4: ' in ok.stdout
+  assert 'where it pays: code edits' in ok.stdout and 'costs measured' not in ok.stdout
   bad = subprocess.run(
     base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True, text=True, timeout=300
   )
@@ -246,8 +251,8 @@ def test_command_line_overrides_and_errors(tmp_path):
     "error: --config.gamas: configs/smollm2.py has no field 'gamas'; did you mean gammas or "
     'adaptive_gammas? '
     '(known: adaptive_gammas, adaptive_trees, batch_size, cache_size, drafts, dtype, gammas, '
-    'max_new_tokens, measure_costs, mesh, methods, model, num_prompts, prompt, prompts, seed, '
-    'temperature, top_k, top_p, trees, verifier)'
+    'max_new_tokens, measure_costs, mesh, methods, model, num_prompts, prompt, prompts, quick, '
+    'quick_method, seed, temperature, top_k, top_p, trees, verifier)'
   ]
 
 
@@ -297,6 +302,17 @@ def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
     run_lib.main(tiny_config(drafts=('consensus:2,k=1,m=1',)), str(tmp_path), verbose=False)
 
 
+def test_quick_runs_can_be_turned_off_and_their_method_is_checked(tmp_path):
+  summary = run_lib.main(
+    tiny_config(prompt='Hi!', quick=False, adaptive_gammas=()), str(tmp_path), verbose=False
+  )
+  assert set(summary['methods']) == {'autoregressive', 'ngram@4', 'truncated:1@4'}
+  with pytest.raises(ValueError, match=r"config.quick_method = 'autoregressive': expected a spec"):
+    run_lib.main(tiny_config(prompt='Hi!', quick_method='autoregressive'), str(tmp_path))
+  with pytest.raises(ValueError, match='config.quick_method: '):
+    run_lib.main(tiny_config(prompt='Hi!', quick_method='ngram@x'), str(tmp_path))
+
+
 @pytest.mark.slow
 def test_readme_command_answers_paris(tmp_path):
   out = subprocess.run(
@@ -317,7 +333,8 @@ def test_readme_command_answers_paris(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
-  assert 'tok/s' in out.stdout
+  assert 'eagle@2: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
+  assert 'speculation ' in out.stdout and 'where it pays' in out.stdout
 
 
 def test_near_ties_are_counted_at_the_first_divergence():
@@ -334,3 +351,24 @@ def test_near_ties_are_counted_at_the_first_divergence():
   assert count(engine, [prompt], [same], [base]) == 0  # identical: nothing to explain
   assert count(engine, [prompt], [diverged], [base]) == 0  # a clear argmax: not a tie
   assert count(engine, [prompt], [diverged], [base], threshold=1e9) == 1
+
+
+def test_the_quick_verdict_says_why():
+  from specjax import verdict
+
+  def summary(speedup, alpha, calls):
+    m = dict(speedup=speedup, alpha=alpha, tokens_per_call=calls, tokens_per_second=10.0, gamma=4)
+    return {'methods': {'autoregressive': dict(m, speedup=1.0), 'ngram@4': m}, 'temperature': 0}
+
+  recs = lambda n: {
+    name: [{'output': ' Paris.', 'tokens': [1] * n, 'new_tokens': n}]
+    for name in ('autoregressive', 'ngram@4')
+  }
+  short = verdict.lines(summary(0.8, 0.1, 1.1), recs(8), 'ngram@4')
+  assert short[0] == 'Paris.' and 'the same text as autoregressive' in short[2]
+  assert short[3].startswith('speculation did not pay on this prompt: a short answer (8 tokens)')
+  assert 'rarely accepted' in verdict.lines(summary(0.9, 0.1, 1.1), recs(64), 'ngram@4')[3]
+  assert 'did not cover' in verdict.lines(summary(0.95, 0.5, 1.6), recs(64), 'ngram@4')[3]
+  assert verdict.lines(summary(1.4, 0.7, 2.5), recs(64), 'ngram@4')[3].startswith(
+    'speculation paid on this prompt: the draft was accepted at alpha = 0.70'
+  )
