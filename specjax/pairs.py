@@ -253,6 +253,8 @@ def pair_config(
     config.drafts = (draft or REQUIRED + pair.draft,)
     config.dtype = 'bfloat16'  # the pairs are for accelerators
     config.gammas = (3, 5)  # the published SpS settings for 0.5-1B drafts
+  config.quick = False  # a pair is compared on every method, even for one prompt
+  config.quick_method = f'{config.drafts[0]}@3'
   return config
 
 
