@@ -1,6 +1,7 @@
 """Spec-Bench: loading question.jsonl, multi-turn chats, the leaderboard, one tiny run."""
 
 import json
+import pathlib
 import re
 
 import pytest
@@ -48,7 +49,7 @@ def test_cache_folder_and_category_specs(tmp_path, monkeypatch):
   assert specbench.specbench_path() == tmp_path / 'cache' / 'spec_bench' / 'question.jsonl'
   assert specbench.parse_spec('specbench') == (specbench.specbench_path(), None)
   assert specbench.parse_spec('specbench:rag') == (specbench.specbench_path(), 'rag')
-  assert specbench.parse_spec('specbench:/d/q.jsonl:qa') == (tmp_path.__class__('/d/q.jsonl'), 'qa')
+  assert specbench.parse_spec('specbench:/d/q.jsonl:qa') == (pathlib.Path('/d/q.jsonl'), 'qa')
   (tmp_path / 'cache' / 'spec_bench').mkdir(parents=True)
   _write(tmp_path / 'cache' / 'spec_bench', QUESTIONS)
   assert [p.id for p in load_prompts('specbench:qa')] == ['241']
