@@ -49,7 +49,7 @@ FIELDS = {
   'methods': 'a comma-separated subset of the methods, or others in the same syntax',
   'measure_costs': 'time draft and verify steps before decoding',
   'quick': 'one --config.prompt: autoregressive and quick_method only, a short verdict',
-  'quick_method': 'the speculative method a quick one-prompt run compares (e.g. eagle@2)',
+  'quick_method': 'the speculative method a quick one-prompt run compares (e.g. ngram@2)',
 }
 
 
@@ -127,7 +127,7 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
     except ValueError as e:
       raise ValueError(f'config.quick_method: {e}') from None
     config_lib.check(
-      quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'eagle@2'"
+      quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'ngram@2'"
     )
   methods = build_methods(c)
   for spec in dict.fromkeys(m.draft for m in methods if m.draft):

@@ -333,7 +333,7 @@ def test_readme_command_answers_paris(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
-  assert 'eagle@2: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
+  assert 'ngram@2: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
   assert 'speculation ' in out.stdout and 'where it pays' in out.stdout
 
 
