@@ -23,18 +23,14 @@ SHORT = 32  # answers shorter than this leave little to draft
 PAYS = 1.05  # a speedup below this is within this machine's run-to-run noise
 
 
-def reason(m: Mapping, new_tokens: int) -> str:
-  """Why speculation paid or did not on this prompt, from one method's summary."""
+def reason(m: Mapping) -> str:
+  """Why speculation paid or did not on an answer long enough to tell (>= SHORT tokens),
+  from one method's summary."""
   speedup, alpha, calls = m['speedup'], m.get('alpha') or 0.0, m['tokens_per_call']
   if speedup >= PAYS:
     return (
       f'the draft was accepted at alpha = {alpha:.2f}, so each target call '
       f'produced {calls:.2f} tokens instead of 1'
-    )
-  if new_tokens < SHORT:
-    return (
-      f"a short answer ({new_tokens} tokens): the prompt's prefill is most of the time "
-      'and there is little to draft'
     )
   if calls < 1.3:
     return (
@@ -66,8 +62,15 @@ def lines(summary: Mapping, records: Mapping[str, Sequence[Mapping]], method: st
     f'{ar["tokens_per_second"]:.1f} tok/s ({m["speedup"]:.2f}x, prefill included), '
     f'{identity}'
   )
-  verdict = 'paid' if m['speedup'] >= PAYS else 'did not pay'
-  out.append(f'speculation {verdict} on this prompt: {reason(m, base["new_tokens"])}')
+  n = base['new_tokens']
+  if n < SHORT:
+    out.append(
+      f"speculation on this prompt: too short to tell ({n} tokens): the prompt's prefill "
+      f'is most of the time, there is little to draft, and {m["speedup"]:.2f}x is mostly noise'
+    )
+  else:
+    verdict = 'paid' if m['speedup'] >= PAYS else 'did not pay'
+    out.append(f'speculation {verdict} on this prompt: {reason(m)}')
   out.append(WHERE_IT_PAYS)
   out.append('every draft, the cost model and the full table: add --config.quick=False')
   return out

@@ -366,7 +366,7 @@ def test_the_quick_verdict_says_why():
   }
   short = verdict.lines(summary(0.8, 0.1, 1.1), recs(8), 'ngram@4')
   assert short[0] == 'Paris.' and 'the same text as autoregressive' in short[2]
-  assert short[3].startswith('speculation did not pay on this prompt: a short answer (8 tokens)')
+  assert short[3].startswith('speculation on this prompt: too short to tell (8 tokens)')
   assert 'rarely accepted' in verdict.lines(summary(0.9, 0.1, 1.1), recs(64), 'ngram@4')[3]
   assert 'did not cover' in verdict.lines(summary(0.95, 0.5, 1.6), recs(64), 'ngram@4')[3]
   assert verdict.lines(summary(1.4, 0.7, 2.5), recs(64), 'ngram@4')[3].startswith(
