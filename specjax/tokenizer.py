@@ -105,9 +105,9 @@ class Tokenizer:
       ValueError: the file's tokenizer is of another kind, or splits text in a way not
         supported here; the message names the file and the setting.
     """
-    from specjax.checkpoints import gguf as gguf_io  # Imported here: only GGUF users pay for it.
+    from specjax.formats import gguf_file  # Imported here: only GGUF users pay for it.
 
-    meta = gguf_io.read_metadata(path)
+    meta = gguf_file.read_metadata(path)
     arch = meta.get('general.architecture')
     model = meta.get('tokenizer.ggml.model')
     if model == 'gpt2':

@@ -18,8 +18,8 @@ PACKAGE = pathlib.Path(registry.__file__).parent
 # The layers, bottom first; a module may import from its own layer or any layer below.
 # Top-level modules not listed sit on top (run_lib, run, advise, ...).
 LAYERS = [
-  {'core', 'kernels'},
-  {'registry', 'models', 'assets', 'tokenizer', 'testing', 'data'},
+  {'core', 'kernels', 'formats'},
+  {'registry', 'models', 'assets', 'tokenizer', 'testing', 'data', 'pairs'},
   {'checkpoints'},
   {'verify', 'control', 'drafters'},
   {'decode'},
