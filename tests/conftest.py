@@ -10,6 +10,13 @@ import pytest
 # programs in one process and would abort inside the compiler past that limit.
 MAPS_BEFORE_CLEARING = 20_000
 
+# Tiny models' programs compile about 30% faster with most XLA optimisations off, and
+# compiling is most of what their tests do; the same maths runs. Subprocesses that tests start
+# inherit it; tests marked slow (the real models) turn it back on (their forwards are faster
+# optimised). See `_optimise_only_real_models`.
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
+TINY_MODELS_UNOPTIMISED = os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] == '1'
+
 
 def _map_count() -> int:
   try:
@@ -30,9 +37,23 @@ def _bounded_compiled_programs():
     gc.collect()
 
 
+def _set_optimisation(node) -> None:
+  import jax
+
+  slow = node.get_closest_marker('slow') is not None
+  jax.config.update('jax_disable_most_optimizations', TINY_MODELS_UNOPTIMISED and not slow)
+
+
+@pytest.fixture(autouse=True)
+def _optimise_only_real_models(request):
+  _set_optimisation(request.node)
+
+
 @pytest.fixture(autouse=True, scope='module')
-def _programs_dropped_after_each_file():
-  """Two workers share the machine's memory: a file's compiled programs go when it ends."""
+def _programs_dropped_after_each_file(request):
+  """Two workers share the machine's memory: a file's compiled programs go when it ends.
+  (Also sets the optimisation level for the file's module-scoped fixtures.)"""
+  _set_optimisation(request.node)
   yield
   import jax
 
