@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from specjax.data import prompts
 from specjax.data.prompts import Prompt, load_prompts
 
 
@@ -172,14 +171,6 @@ def test_mtbench_unknown_category():
     ValueError, match='Unknown MT-Bench category .poetry.; known categories: writing'
   ):
     load_prompts('mtbench:poetry')
-
-
-def test_humaneval_reads_the_pinned_asset(monkeypatch):
-  calls = []
-  monkeypatch.setattr(prompts.assets, 'fetch', lambda name: calls.append(name) or None)
-  monkeypatch.setattr(prompts, '_humaneval', lambda path: (Prompt('a', 'b', 'humaneval'),))
-  assert load_prompts('humaneval') == [Prompt('a', 'b', 'humaneval')]
-  assert calls == ['humaneval']
 
 
 def test_code_edit_prompt_set_is_built_offline_from_the_stdlib():

@@ -21,8 +21,6 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
-from specjax import assets
-
 HUMANEVAL_INSTRUCTION = (
   'Complete the following Python function. Reply with the full function in a Python code block.'
   '\n\n```python\n{prompt}```'
@@ -80,13 +78,15 @@ def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
 
 
 def humaneval() -> tuple[Prompt, ...]:
-  """The 164 HumanEval tasks, each as an instruction to complete the function."""
-  return _humaneval(assets.fetch('humaneval'))
+  """The 164 HumanEval tasks, each as an instruction to complete the function (read from
+  its TFDS dataset, specjax/data/tfds_prompts.py)."""
+  return _from_tfds('humaneval')
 
 
 def mtbench(category: str | None = None) -> tuple[Prompt, ...]:
-  """The first turns of the 80 MT-Bench questions, or of one category's 10."""
-  questions = _mtbench(assets.fetch('mtbench'))
+  """The first turns of the 80 MT-Bench questions, or of one category's 10 (read from its
+  TFDS dataset, which keeps every turn)."""
+  questions = tuple(dataclasses.replace(p, later_turns=()) for p in _from_tfds('mtbench'))
   if category is None:
     return questions
   categories = list(dict.fromkeys(p.category for p in questions))
@@ -118,9 +118,7 @@ def _resolve(spec: str) -> tuple[Prompt, ...] | list[Prompt]:
   if spec == 'mtbench':
     return mtbench()
   if spec == 'code_edit':
-    from specjax.data.code_edit import code_edit_prompts
-
-    return [Prompt(id=i, text=t, category='code_edit') for i, t in code_edit_prompts()]
+    return _from_tfds('code_edit')
   if spec.startswith('mtbench:'):
     return mtbench(spec.split(':', 1)[1])
   if _looks_like_path(spec):
@@ -182,9 +180,20 @@ def _humaneval(path: pathlib.Path) -> tuple[Prompt, ...]:
   return tuple(prompts)
 
 
-@functools.cache
-def _mtbench(path: pathlib.Path) -> tuple[Prompt, ...]:
+def _mtbench_all_turns(path: pathlib.Path) -> tuple[Prompt, ...]:
   return tuple(
-    Prompt(id=str(q['question_id']), text=q['turns'][0], category=q['category'])
+    Prompt(
+      id=str(q['question_id']),
+      text=q['turns'][0],
+      category=q['category'],
+      later_turns=tuple(q['turns'][1:]),
+    )
     for _, q in _jsonl_objects(path)
   )
+
+
+@functools.cache
+def _from_tfds(name: str) -> tuple[Prompt, ...]:
+  from specjax.data import tfds_prompts  # tensorflow_datasets loads only when a set is read
+
+  return tuple(tfds_prompts.read(name))

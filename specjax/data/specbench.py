@@ -101,7 +101,10 @@ def load(spec: str, num_prompts: int | None = None) -> list[Prompt]:
   path, category = parse_spec(spec)
   if not path.is_file():
     raise ValueError(missing_file_message(path))
-  questions = read_questions(path)
+  read_questions(path)  # every check, naming file, line and field, before anything is built
+  from specjax.data import tfds_prompts  # the questions are read from their TFDS dataset
+
+  questions = tfds_prompts.read(tfds_prompts.specbench_config(path))
   if category is not None:
     known = list(dict.fromkeys(q.category for q in questions))
     if category not in known:

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import assets
-from specjax.train import prompts as prompts_lib
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +90,11 @@ def stdlib_files() -> list[pathlib.Path]:
 
 
 def doc_text() -> str:
-  """The interpreter's documentation topics (pydoc_data.topics), a few hundred kB of English."""
-  from pydoc_data import topics
+  """The interpreter's documentation topics (pydoc_data.topics), a few hundred kB of English,
+  read from their TFDS corpus (specjax/train/tfds_corpora.py)."""
+  from specjax.train import tfds_corpora
 
-  return '\n\n'.join(topics.topics[k] for k in sorted(topics.topics))
+  return '\n\n'.join(tfds_corpora.texts('docs'))
 
 
 def chunks(ids: list[int], seq_len: int, count: int, rng: np.random.Generator) -> list[list[int]]:
@@ -191,9 +191,11 @@ def build(target, config, progress=print) -> tuple[Dataset, Dataset]:
 
   responses_path = folder / 'responses.json'
   limit = seq_len - config.max_new_tokens
-  prompts = [
-    p for p in prompts_lib.instruction_prompts(config.seed) if len(tok.encode_chat(p)) <= limit
-  ][: config.num_prompts]
+  # The corpora are read from their TFDS datasets (built on first use; tfds_corpora.py).
+  from specjax.train import tfds_corpora
+
+  instructions = tfds_corpora.texts('instructions', config.seed)
+  prompts = [p for p in instructions if len(tok.encode_chat(p)) <= limit][: config.num_prompts]
   if responses_path.exists():
     responses = json.loads(responses_path.read_text())
   else:
@@ -209,11 +211,11 @@ def build(target, config, progress=print) -> tuple[Dataset, Dataset]:
   for i, (p, a) in enumerate(responses):
     sequences.append((*pack(p, a, seq_len), 0, i >= len(responses) - config.eval_prompts))
 
-  files = stdlib_files()
+  files = tfds_corpora.texts('stdlib')  # stdlib_files()' sources, in their order
   rng.shuffle(files)
   code_ids = []
-  for f in files[: config.code_files]:
-    code_ids += tok.encode(f.read_text(errors='replace')[: config.max_file_chars]) + [tok.eos_id]
+  for text in files[: config.code_files]:
+    code_ids += tok.encode(text[: config.max_file_chars]) + [tok.eos_id]
   n_eval_code = config.eval_chunks
   for j, c in enumerate(chunks(code_ids, seq_len, config.code_chunks + n_eval_code, rng)):
     sequences.append((*pack(c, None, seq_len), 1, j < n_eval_code))

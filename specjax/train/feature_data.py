@@ -199,7 +199,9 @@ def all_prompts(config) -> list[str]:
       prompts += mixed_prompts(config.seed)
     np.random.default_rng(config.seed + 1).shuffle(prompts)
     return prompts
-  prompts = prompts_lib.instruction_prompts(config.seed)
+  from specjax.train import tfds_corpora
+
+  prompts = tfds_corpora.texts('instructions', config.seed)  # instruction_prompts, via TFDS
   files = training_files()
   np.random.default_rng(config.seed).shuffle(files)
   extra = docstring_prompts(files, max(config.num_prompts - len(prompts), 0) * 2)
