@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import io
 import logging
@@ -132,9 +133,12 @@ def quiet():
     tfds.display_progress_bar(True)
 
 
-def prepare(make_builder) -> tfds.core.DatasetBuilder:
-  """`make_builder()`, its dataset built if missing, quietly."""
-  with quiet():
+def prepare(make_builder, folder: str) -> tfds.core.DatasetBuilder:
+  """`make_builder()`, its dataset built if missing, quietly; one process builds at a time
+  (test workers and several processes share the cache folder)."""
+  pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+  with open(pathlib.Path(folder) / '.build.lock', 'w') as lock, quiet():
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
     b = make_builder()
     if not b.is_prepared():
       b.download_and_prepare()
@@ -146,7 +150,8 @@ def builder(config: str | PromptSetConfig, folder: str | pathlib.Path | None = N
   folder = str(folder or data_dir())
   if isinstance(config, PromptSetConfig) and config.name in SETS:
     config = config.name  # tfds wants its own config object for a listed name
-  return prepare(lambda: SpecjaxPrompts(config=config, data_dir=folder, file_format='array_record'))
+  make = lambda: SpecjaxPrompts(config=config, data_dir=folder, file_format='array_record')
+  return prepare(make, folder)
 
 
 def read(config: str | PromptSetConfig, folder: str | pathlib.Path | None = None):

@@ -99,7 +99,7 @@ def source(kind: str, seed: int = 0, folder: str | pathlib.Path | None = None):
   listed = {c.name for c in SpecjaxCorpus.BUILDER_CONFIGS}
   config = config.name if config.name in listed else config  # tfds wants its listed objects
   make = lambda: SpecjaxCorpus(config=config, data_dir=folder, file_format='array_record')
-  return tfds_prompts.prepare(make).as_data_source(split='train')
+  return tfds_prompts.prepare(make, folder).as_data_source(split='train')
 
 
 def texts(kind: str, seed: int = 0, folder: str | pathlib.Path | None = None) -> list[str]:
