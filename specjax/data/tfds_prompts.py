@@ -79,7 +79,6 @@ class SpecjaxPrompts(tfds.core.GeneratorBasedBuilder):
           'turns': tfds.features.Sequence(tfds.features.Text()),
         }
       ),
-      homepage='https://github.com/specjax/specjax',
       disable_shuffling=True,  # file order is part of the data (num_prompts keeps the first N)
     )
 

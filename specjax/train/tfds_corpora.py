@@ -64,7 +64,6 @@ class SpecjaxCorpus(tfds.core.GeneratorBasedBuilder):
       features=tfds.features.FeaturesDict(
         {'name': tfds.features.Text(), 'text': tfds.features.Text()}
       ),
-      homepage='https://github.com/specjax/specjax',
       disable_shuffling=True,  # the corpus order (training shuffles with its own seed)
     )
 
