@@ -3,8 +3,12 @@
   import specjax.datasets
   import tensorflow_datasets as tfds
 
-  tfds.data_source('specjax_prompts/humaneval', data_dir=specjax.datasets.data_dir())
-  tfds.builder('specjax_corpus/instructions-seed0', data_dir=...).download_and_prepare()
+  tfds.data_source(
+    'specjax_prompts/humaneval',
+    split='test',
+    data_dir=str(specjax.datasets.data_dir()),
+    builder_kwargs={'file_format': 'array_record'},  # the default, TFRecord, needs TensorFlow
+  )
 
 `specjax_prompts` (specjax/data/tfds_prompts.py): the evaluation prompt sets (humaneval,
 mtbench, code_edit, and a user's Spec-Bench file as `specbench-<sha>`); `specjax_corpus`
@@ -23,10 +27,11 @@ BUILDERS = ('specjax_prompts', 'specjax_corpus')
 def prompt_set(name: str):
   """The prompts of a set ('humaneval', 'mtbench', 'code_edit', or a Spec-Bench file's path)
   as specjax Prompts, from its TFDS dataset (built on first use)."""
-  from specjax.data import tfds_prompts
+  from specjax.data import specbench, tfds_prompts
 
-  config = name if name in tfds_prompts.SETS else specbench_config(name)
-  return read(config)
+  if name in tfds_prompts.SETS:
+    return read(name)
+  return specbench.load(f'specbench:{name}')  # the file's checks first, then its dataset
 
 
 def corpus(kind: str, seed: int = 0) -> list[str]:
