@@ -24,3 +24,12 @@ def test_notebook_runs(path, monkeypatch):
       continue
     source = '\n'.join(l for l in cell.source.splitlines() if not l.lstrip().startswith(('!', '%')))
     exec(compile(source, f'{os.path.basename(path)} cell {i}', 'exec'), namespace)
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+def test_notebook_is_stripped_and_installs(path):
+  """Git keeps notebooks without outputs, and each opens in Colab with an install cell."""
+  cells = nbformat.read(path, as_version=4).cells
+  code = [c for c in cells if c.cell_type == 'code']
+  assert all(not c.outputs and c.execution_count is None for c in code), 'outputs not stripped'
+  assert any('!pip install' in c.source for c in code[:2]), 'no install cell at the top'
