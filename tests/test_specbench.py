@@ -230,3 +230,52 @@ def test_cache_too_small_for_the_second_turn_is_named_before_decoding(tmp_path):
   config.update(prompts=f'specbench:{path}', max_new_tokens=10, cache_size=48, methods='ngram@2')
   with pytest.raises(ValueError, match=r"prompt '81' \(writing\), turn 2: needs up to 5\d cache"):
     run_lib.main(config, str(tmp_path / 'out'), verbose=False)
+
+
+def _fake_run(path, rows, batch0=0, max_new_tokens=16):
+  """A run directory with config.json and generations.jsonl (rows as in the test above)."""
+  path.mkdir()
+  config = {'model': 'm', 'max_new_tokens': max_new_tokens, 'temperature': 0.0}
+  config |= {'batch_size': 1, 'verifier': 'rejection'}
+  (path / 'config.json').write_text(json.dumps(config))
+  recs = []
+  for k, (cat, (n, ms), (sn, calls, sms)) in enumerate(rows):
+    recs.append(_rec('autoregressive', cat, n, n, ms, batch0 + k))
+    recs.append(_rec('draft@2', cat, sn, calls, sms, batch0 + k, gamma=2))
+  (path / 'generations.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in recs))
+  return recs
+
+
+def test_merged_runs_make_the_leaderboard_of_one_run(tmp_path, capsys):
+  rows = [
+    ('writing', (10, 100.0), (10, 4, 50.0)),
+    ('writing', (20, 200.0), (20, 5, 50.0)),
+    ('translation', (10, 100.0), (10, 10, 125.0)),
+    ('qa', (30, 300.0), (30, 10, 200.0)),
+  ]
+  # Both runs number their batches from 0; merged, each batch's time must count once.
+  _fake_run(tmp_path / 'a', rows[:2])
+  _fake_run(tmp_path / 'b', rows[2:])
+  records, summary, config = leaderboard.merge([tmp_path / 'a', tmp_path / 'b'])
+  assert [r['batch'] for r in records['draft@2']] == [0, 1, 2, 3]
+  whole = {'autoregressive': [], 'draft@2': []}
+  for r in [*_fake_run(tmp_path / 'c', rows[:2]), *_fake_run(tmp_path / 'd', rows[2:], 2)]:
+    whole[r['method']].append(r)
+  assert leaderboard.leaderboard(records) == leaderboard.leaderboard(whole)
+  overall = leaderboard.leaderboard(records)['columns']['Overall']['draft@2']
+  assert overall['speedup'] == pytest.approx((70 / 0.425) / (70 / 0.7))
+  assert config.max_new_tokens == 16 and summary == {'model': 'm'}
+  out = tmp_path / 'merged'
+  assert leaderboard.main([str(out), str(tmp_path / 'a'), str(tmp_path / 'b')]) == 0
+  assert '4 questions, 4 turns' in (out / 'results_specbench.md').read_text()
+  assert (out / 'specbench_draft_2.png').is_file()
+
+
+def test_merge_refuses_runs_of_different_settings(tmp_path, capsys):
+  _fake_run(tmp_path / 'a', [('qa', (10, 100.0), (10, 4, 50.0))])
+  _fake_run(tmp_path / 'b', [('rag', (10, 100.0), (10, 4, 50.0))], max_new_tokens=32)
+  with pytest.raises(ValueError, match=r'b: max_new_tokens is 32, but .*a has 16'):
+    leaderboard.merge([tmp_path / 'a', tmp_path / 'b'])
+  (tmp_path / 'c').mkdir()
+  assert leaderboard.main([str(tmp_path / 'out'), str(tmp_path / 'a'), str(tmp_path / 'c')]) == 2
+  assert 'c: no config.json, generations.jsonl' in capsys.readouterr().err

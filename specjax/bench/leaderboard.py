@@ -1,5 +1,10 @@
 """Spec-Bench's leaderboard from a run's records: results_specbench.md and a bar chart per method.
 
+  python -m specjax.bench.leaderboard OUT RUN [RUN ...]   # one leaderboard from several runs
+
+(several runs: e.g. one per category, so that a long benchmark resumes category by category;
+experiments/specbench/run_full.sh).
+
 Spec-Bench reports, per method and category, the speedup over autoregressive decoding and
 "#Mean Accepted Tokens": tokens per target forward pass, the bonus token included (specjax's
 tokens per call, the prefill counting as one call). Its leaderboard pools MT-bench's 8
@@ -11,9 +16,14 @@ generation as Spec-Bench times it) over autoregressive decoding's on the same re
 
 from __future__ import annotations
 
+import argparse
+import json
 import pathlib
 import re
+import sys
 from collections.abc import Mapping, Sequence
+
+import ml_collections
 
 from specjax import metrics
 from specjax.bench import tables
@@ -162,3 +172,74 @@ def write(out_dir: pathlib.Path, records, summary, config) -> list[pathlib.Path]
   path = out_dir / 'results_specbench.md'
   path.write_text(markdown(records, summary, config))
   return [path, *plot(out_dir, records)]
+
+
+MERGE_KEYS = ('model', 'max_new_tokens', 'temperature', 'batch_size', 'verifier')
+
+
+def merge(runs: Sequence[str | pathlib.Path]) -> tuple[dict[str, list[dict]], dict, object]:
+  """(records, summary, config) of several runs of `python -m specjax.run` as one workload.
+
+  The runs must share the model, max_new_tokens, temperature, batch size, verifier and
+  methods (an error names the run and the field that differs). Batch numbers are renumbered
+  so every run's batches stay distinct (a batch's decode time is counted once).
+
+  Raises:
+    ValueError: a run without generations.jsonl or config.json, or runs that differ.
+  """
+  if not runs:
+    raise ValueError('no runs to merge')
+  records: dict[str, list[dict]] = {}
+  first = None
+  offset = 0
+  for run in map(pathlib.Path, runs):
+    missing = [f for f in ('config.json', 'generations.jsonl') if not (run / f).is_file()]
+    if missing:
+      raise ValueError(
+        f'{run}: no {", ".join(missing)} (expected a python -m specjax.run work directory)'
+      )
+    config = json.loads((run / 'config.json').read_text())
+    recs: dict[str, list[dict]] = {}
+    for line in (run / 'generations.jsonl').read_text().splitlines():
+      r = json.loads(line)
+      recs.setdefault(r['method'], []).append(r)
+    setting = {k: config.get(k) for k in MERGE_KEYS} | {'methods': list(recs)}
+    if first is None:
+      first = (run, setting, config)
+    else:
+      for key, value in setting.items():
+        if value != first[1][key]:
+          raise ValueError(
+            f'{run}: {key} is {value!r}, but {first[0]} has {first[1][key]!r}: '
+            'only runs of one setting make one leaderboard'
+          )
+    batches = max((r['batch'] for rs in recs.values() for r in rs), default=-1) + 1
+    for name, rs in recs.items():
+      records.setdefault(name, []).extend({**r, 'batch': r['batch'] + offset} for r in rs)
+    offset += batches
+  if BASELINE not in records:
+    raise ValueError(f'{first[0]}: no {BASELINE} records: the leaderboard needs the baseline')
+  config = ml_collections.ConfigDict({k: first[1][k] for k in MERGE_KEYS})
+  return records, {'model': first[1]['model']}, config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description='One Spec-Bench leaderboard from several runs.')
+  parser.add_argument('out', help='directory for results_specbench.md and the charts')
+  parser.add_argument('runs', nargs='+', help='python -m specjax.run work directories')
+  args = parser.parse_args(argv)
+  try:
+    records, summary, config = merge(args.runs)
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  print(markdown(records, summary, config))
+  for path in write(out, records, summary, config):
+    print(f'wrote {path}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
