@@ -5,7 +5,8 @@
 #   t0/        temperature 0, rejection sampling (Leviathan et al.: alpha, E and S over gamma)
 #   t1/        temperature 1, rejection sampling (Chen et al.: code vs prose)
 #   t1_block/  temperature 1, block verification, same prompts and keys (Sun et al.)
-# Usage: bash experiments/papers/run.sh [OUT]   (about 20 minutes on 2 cores; quiet machine)
+#   chen.md, sun.md  the tables of experiments/papers/tables.py
+# Usage: bash experiments/papers/run.sh [OUT]   (about 25 minutes on 2 cores; quiet machine)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-experiments/papers/runs}
@@ -20,3 +21,5 @@ python -m specjax.run "${common[@]}" --config.temperature=1 --config.verifier=bl
 for run in t0 t1 t1_block; do
   python experiments/papers/leviathan2023/analyse.py "$out/$run"
 done
+python experiments/papers/tables.py chen "$out/t1" > "$out/chen.md"
+python experiments/papers/tables.py sun "$out/t1" "$out/t1_block" > "$out/sun.md"

@@ -15,7 +15,8 @@ def main(run: str) -> None:
   run_dir = pathlib.Path(run)
   summary = json.loads((run_dir / 'results.json').read_text())
   curves = leviathan.analyse(summary)
-  title = f'{summary["model"]}, T={summary["temperature"]}, {summary["verifier"]}'
+  model = pathlib.Path(summary['model']).name
+  title = f'{model}, T={summary["temperature"]}, {summary["verifier"]}'
   (run_dir / 'leviathan.md').write_text(f'{title}\n\n{leviathan.table(curves)}\n')
   print(leviathan.table(curves))
   print(leviathan.plot(curves, run_dir / 'leviathan.png', title))
