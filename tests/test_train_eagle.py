@@ -10,6 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 
 import numpy as np
@@ -116,6 +117,20 @@ def _eval_texts():
   return [t for t in texts if len(t) >= 40]
 
 
+def test_training_sources_are_the_stdlib_corpus_read_through_tfds():
+  from specjax.train import data as train_data
+
+  root = pathlib.Path(sysconfig.get_paths()['stdlib'])
+  sources = feature_data.training_sources()
+  names = [name for name, _ in sources]
+  on_disk = [f.relative_to(root).as_posix() for f in train_data.stdlib_files()]
+  assert names == sorted(names) and set(names) < set(on_disk)
+  assert 'textwrap.py' in on_disk and 'textwrap.py' not in names  # a code-edit module
+  assert 'json/encoder.py' in names
+  for name, text in sources[:: max(len(sources) // 20, 1)]:
+    assert text == (root / name).read_text(errors='replace'), name
+
+
 def test_no_evaluation_prompt_in_the_feature_head_data():
   from configs import eagle_smollm2
 
@@ -130,7 +145,8 @@ def test_no_evaluation_prompt_in_the_feature_head_data():
     text = _normal(prompt)
     assert not any(h in text or text in h for h in held_out), prompt[:200]
   # The code-editing benchmark's functions: their source files are not trained on.
-  files = {str(f) for f in feature_data.training_files()}
+  root = pathlib.Path(sysconfig.get_paths()['stdlib'])
+  files = {str(root / name) for name, _ in feature_data.training_sources()}
   for qualname in code_edit.CANDIDATES:
     source = code_edit.stdlib_source(qualname)
     if source is None:

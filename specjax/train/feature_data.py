@@ -58,28 +58,34 @@ def excluded_modules() -> set[str]:
   return out
 
 
-def training_files() -> list[pathlib.Path]:
-  """stdlib sources for training: specjax.train.data.stdlib_files() minus the modules of
-  the code-editing benchmark (specjax.data.code_edit.CANDIDATES)."""
+def training_sources() -> list[tuple[str, str]]:
+  """(path under the stdlib folder, source) for training, in path order: the stdlib corpus
+  (TFDS, specjax/train/tfds_corpora.py: specjax.train.data.stdlib_files()' sources) minus
+  the modules of the code-editing benchmark (specjax.data.code_edit.CANDIDATES)."""
+  from specjax.train import tfds_corpora
+
   skip = excluded_modules()
+  corpus = tfds_corpora.source('stdlib')
   out = []
-  for f in data_lib.stdlib_files():
-    parts = f.with_suffix('').parts
+  for i in range(len(corpus)):
+    name = corpus[i]['name'].decode()
+    path = pathlib.PurePosixPath(name)
+    parts = path.with_suffix('').parts
     names = {parts[-1], '/'.join(parts[-2:])}
-    if f.name == '__init__.py':
+    if path.name == '__init__.py':
       names |= {parts[-2], '/'.join(parts[-3:-1])}
     if not names & skip:
-      out.append(f)
+      out.append((name, corpus[i]['text'].decode()))
   return out
 
 
-def docstring_prompts(files: list[pathlib.Path], limit: int, max_lines: int = 40) -> list[str]:
-  """Instruction prompts from documented stdlib functions of `files` (ast, no imports):
+def docstring_prompts(sources: list[tuple[str, str]], limit: int, max_lines: int = 40) -> list[str]:
+  """Instruction prompts from documented stdlib functions of `sources` ((name, source)
+  pairs; ast, no imports):
   'write the body of this signature and docstring' and 'explain this function'."""
   out = []
-  for f in files:
+  for _, text in sources:
     try:
-      text = f.read_text(errors='replace')
       tree = ast.parse(text)
     except (SyntaxError, ValueError):
       continue
@@ -108,14 +114,13 @@ COMPLETION_TEMPLATE = (
 )
 
 
-def completion_prompts(files: list[pathlib.Path], max_lines: int = 40) -> list[str]:
+def completion_prompts(sources: list[tuple[str, str]], max_lines: int = 40) -> list[str]:
   """'Complete this function' prompts: the def line and docstring of documented, public
-  stdlib functions of `files` (the task shape of code-completion benchmarks, on code
-  that is none of theirs)."""
+  stdlib functions of `sources`, (name, source) pairs (the task shape of code-completion
+  benchmarks, on code that is none of theirs)."""
   out = []
-  for f in files:
+  for _, text in sources:
     try:
-      text = f.read_text(errors='replace')
       tree = ast.parse(text)
     except (SyntaxError, ValueError):
       continue
@@ -187,14 +192,14 @@ def all_prompts(config) -> list[str]:
   """The prompts of a data config, in a fixed order (the first num_prompts are used).
 
   config.prompts 'instructions' (default): specjax's instruction prompts, then docstring
-  prompts; 'completions': completion_prompts of the training files; 'completions+mixed':
+  prompts; 'completions': completion_prompts of the training sources; 'completions+mixed':
   those and mixed_prompts, shuffled together.
   """
   kind = config.get('prompts', 'instructions')
   if kind in ('completions', 'completions+mixed'):
-    files = training_files()
-    np.random.default_rng(config.seed).shuffle(files)
-    prompts = completion_prompts(files)
+    sources = training_sources()
+    np.random.default_rng(config.seed).shuffle(sources)
+    prompts = completion_prompts(sources)
     if kind == 'completions+mixed':
       prompts += mixed_prompts(config.seed)
     np.random.default_rng(config.seed + 1).shuffle(prompts)
@@ -202,9 +207,9 @@ def all_prompts(config) -> list[str]:
   from specjax.train import tfds_corpora
 
   prompts = tfds_corpora.texts('instructions', config.seed)  # instruction_prompts, via TFDS
-  files = training_files()
-  np.random.default_rng(config.seed).shuffle(files)
-  extra = docstring_prompts(files, max(config.num_prompts - len(prompts), 0) * 2)
+  sources = training_sources()
+  np.random.default_rng(config.seed).shuffle(sources)
+  extra = docstring_prompts(sources, max(config.num_prompts - len(prompts), 0) * 2)
   np.random.default_rng(config.seed + 1).shuffle(extra)
   return prompts + extra
 
@@ -268,11 +273,11 @@ def sequences(target, config, folder: pathlib.Path, progress=print) -> dict[str,
   answers = responses(target, config, folder, progress)
   for i, (p, a) in enumerate(answers):
     rows.append((*data_lib.pack(p, a, seq_len), 0, i >= len(answers) - config.eval_prompts))
-  files = training_files()
-  rng.shuffle(files)
+  sources = training_sources()
+  rng.shuffle(sources)
   code_ids = []
-  for f in files[: config.code_files]:
-    code_ids += tok.encode(f.read_text(errors='replace')[: config.max_file_chars]) + [tok.eos_id]
+  for _, text in sources[: config.code_files]:
+    code_ids += tok.encode(text[: config.max_file_chars]) + [tok.eos_id]
   picked = data_lib.chunks(code_ids, seq_len, config.code_chunks + config.eval_chunks, rng)
   for j, c in enumerate(picked):
     rows.append((*data_lib.pack(c, None, seq_len), 1, j < config.eval_chunks))
