@@ -105,6 +105,10 @@ def method_stats(out: GenerationOutput) -> dict:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   config_lib.check(c.n >= 2, 'n', c.n, 'an integer >= 2 (paths per prompt)')
+  dtypes = sorted(loader.DTYPES)
+  config_lib.check(
+    c.get('dtype', 'float32') in loader.DTYPES, 'dtype', c.get('dtype'), f'one of {dtypes}'
+  )
   config_lib.check(c.gamma >= 1, 'gamma', c.gamma, 'an integer >= 1')
   config_lib.check(
     c.temperature > 0,
@@ -208,7 +212,7 @@ def main(config: ml_collections.ConfigDict, workdir: str | None = None, say=prin
   c = config
   validate(c)
   out_dir = run_lib.make_workdir(workdir)
-  model = loader.load_model(c.model)
+  model = loader.load_model(c.model, c.get('dtype', 'float32'))
   sampling = SamplingConfig(c.temperature, c.top_k, c.top_p)
   prompts = (
     [prompts_lib.Prompt('prompt', c.prompt, 'prompt')]

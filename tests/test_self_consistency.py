@@ -78,6 +78,7 @@ def test_the_n_paths_are_different_samples_of_one_prompt():
     ({'temperature': 0.0}, 'temperature = 0.0: expected > 0'),
     ({'gamma': 0}, 'gamma = 0: expected an integer >= 1'),
     ({'verifier': 'greedy'}, "verifier = 'greedy': expected one of"),
+    ({'dtype': 'float64'}, "dtype = 'float64': expected one of"),
   ],
 )
 def test_bad_settings_are_named(tmp_path, overrides, match):
