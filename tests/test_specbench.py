@@ -279,3 +279,7 @@ def test_merge_refuses_runs_of_different_settings(tmp_path, capsys):
   (tmp_path / 'c').mkdir()
   assert leaderboard.main([str(tmp_path / 'out'), str(tmp_path / 'a'), str(tmp_path / 'c')]) == 2
   assert 'c: no config.json, generations.jsonl' in capsys.readouterr().err
+  with open(tmp_path / 'a' / 'generations.jsonl', 'a') as f:
+    f.write('{"method": "autoregressive", \n')
+  with pytest.raises(ValueError, match=r'a/generations.jsonl line 3: not valid JSON'):
+    leaderboard.merge([tmp_path / 'a'])

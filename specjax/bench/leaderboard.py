@@ -177,6 +177,18 @@ def write(out_dir: pathlib.Path, records, summary, config) -> list[pathlib.Path]
 MERGE_KEYS = ('model', 'max_new_tokens', 'temperature', 'batch_size', 'verifier')
 
 
+def _read_json(path: pathlib.Path, text: str | None = None, line: int | None = None) -> dict:
+  """A JSON object from a file (or one line of it), a ValueError naming where if it is not."""
+  where = f'{path} line {line}' if line else str(path)
+  try:
+    obj = json.loads(path.read_text() if text is None else text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{where}: not valid JSON ({e})') from None
+  if not isinstance(obj, dict) or (line and 'method' not in obj):
+    raise ValueError(f'{where}: expected a JSON object as python -m specjax.run writes')
+  return obj
+
+
 def merge(runs: Sequence[str | pathlib.Path]) -> tuple[dict[str, list[dict]], dict, object]:
   """(records, summary, config) of several runs of `python -m specjax.run` as one workload.
 
@@ -198,14 +210,15 @@ def merge(runs: Sequence[str | pathlib.Path]) -> tuple[dict[str, list[dict]], di
       raise ValueError(
         f'{run}: no {", ".join(missing)} (expected a python -m specjax.run work directory)'
       )
-    config = json.loads((run / 'config.json').read_text())
+    config = _read_json(run / 'config.json')
     recs: dict[str, list[dict]] = {}
-    for line in (run / 'generations.jsonl').read_text().splitlines():
-      r = json.loads(line)
+    lines = (run / 'generations.jsonl').read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+      r = _read_json(run / 'generations.jsonl', line, n)
       recs.setdefault(r['method'], []).append(r)
     setting = {k: config.get(k) for k in MERGE_KEYS} | {'methods': list(recs)}
     if first is None:
-      first = (run, setting, config)
+      first = (run, setting)
     else:
       for key, value in setting.items():
         if value != first[1][key]:
