@@ -1,93 +1,207 @@
-"""The CPU output-head kernel (specjax/kernels): equal to XLA's product, used where meant."""
+"""The CPU kernels (specjax/kernels): every instruction-set path equals XLA's product, the
+measured dispatch keeps the faster path, and the library cache is keyed and checked."""
 
+import json
 import warnings
 
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import kernels
+from specjax import testing
+from specjax.decode.engine import Engine
+from specjax.drafters import ModelDrafter, truncated_target
 from specjax.kernels import cpu
-from specjax.models import llama
+from specjax.models import llama, quant
+from tests.test_quant import _reference as blocks_reference
+
+# Every path this CPU runs: on an AVX-512 machine all three, on an AVX2 one two.
+PATHS = [pytest.param(isa, id=isa) for isa in cpu.supported()]
 
 
-def _reference(x, w):
-  return np.einsum('...k,nk->...n', np.asarray(x, np.float64), np.asarray(w, np.float64))
+def _reference(x, w, kind):
+  x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  return np.einsum('...k,nk->...n', x, w) if kind == 'nk' else x @ w
 
 
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+  """A kernel module state with its own cache folder (decisions, new libraries); the
+  libraries already loaded stay loaded."""
+  monkeypatch.setattr(
+    cpu, '_state', {'libs': {k: v for k, v in cpu._state.get('libs', {}).items() if v}}
+  )
+  monkeypatch.setattr(cpu, '_cache_dir', lambda: tmp_path)
+  monkeypatch.delenv('SPECJAX_CPU_ISA', raising=False)
+  monkeypatch.delenv('SPECJAX_CPU_KERNELS', raising=False)
+  return tmp_path
+
+
+@pytest.mark.parametrize('isa', PATHS)
+@pytest.mark.parametrize('kind', ['nk', 'kn'])
 @pytest.mark.parametrize(
   'x_shape,n',
-  [((2, 576), 1001), ((1, 3, 40), 64), ((4, 16), 5), ((2, 2, 100), 37), ((4, 576), 4096)],
-)
-def test_the_kernel_equals_the_product(x_shape, n):
+  [((1, 576), 1001), ((2, 576), 1536), ((1, 3, 40), 64), ((4, 16), 5), ((2, 2, 100), 37),
+   ((5, 576), 192), ((9, 64), 200), ((33, 48), 70)],
+)  # fmt: skip
+def test_every_path_equals_the_product(isa, kind, x_shape, n):
+  assert cpu.library(isa) is not None, cpu.status()
   kx, kw = jax.random.split(jax.random.PRNGKey(sum(x_shape) + n))
   x = jax.random.normal(kx, x_shape)
-  w = jax.random.normal(kw, (n, x_shape[-1]))
-  assert kernels.applicable(x, w), kernels.status()  # K % 16 != 0 and N % 4 != 0 included
-  got = np.asarray(jax.jit(kernels.rows_product)(x, w))
-  np.testing.assert_allclose(got, _reference(x, w), rtol=1e-5, atol=1e-4 * np.sqrt(x_shape[-1]))
+  k = x_shape[-1]
+  w = jax.random.normal(kw, (n, k) if kind == 'nk' else (k, n))
+  got = np.asarray(jax.jit(lambda x, w: cpu._kernel(kind, isa, x, w))(x, w))
+  want = _reference(x, w, kind)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+  # ... and as close to the exact product as XLA's own float32 product is.
+  xla = np.asarray(cpu._xla_product(kind, x, w))
+  assert np.abs(got - want).max() <= 4 * np.abs(xla - want).max() + 1e-5
 
 
-def test_it_runs_only_for_two_to_four_rows():
-  w = jnp.ones((8, 32))
-  for rows, used in [(1, False), (2, True), (4, True), (5, False), (9, False)]:
-    assert kernels.applicable(jnp.ones((rows, 32)), w) == used, rows
-  assert not kernels.applicable(jnp.ones((2, 32), jnp.bfloat16), w.astype(jnp.bfloat16))
+@pytest.mark.parametrize('isa', PATHS)
+@pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
+@pytest.mark.parametrize('rows', [1, 2, 3, 5, 9])
+def test_every_block_path_is_the_product_with_rounded_activations(isa, fmt, rows):
+  assert cpu.library(isa) is not None, cpu.status()
+  rng = np.random.default_rng(rows)
+  w = rng.normal(size=(38, 96)).astype(np.float32)  # 38 rows: tiles and a tail
+  if fmt == 'q8_0':
+    bw = quant.quantize_q8_0(w, transposed=False)
+  else:
+    bw = quant.from_gguf(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1), fmt, 96, False)
+  x = jnp.asarray(rng.normal(size=(rows, 96)).astype(np.float32))
+  got = np.asarray(jax.jit(lambda x, *w: cpu._call(fmt, isa, x, *w))(x, bw.qs, bw.d, bw.m))
+  np.testing.assert_allclose(got, blocks_reference(x, bw), rtol=1e-5, atol=1e-4)
 
 
-def test_gradients_and_vmap_match_xla():
+@pytest.mark.parametrize('isa', PATHS)
+def test_gradients_and_vmap_match_xla(isa):
   kx, kw = jax.random.split(jax.random.PRNGKey(0))
   x, w = jax.random.normal(kx, (3, 48)), jax.random.normal(kw, (20, 48))
-
-  def loss(f):
-    return lambda x, w: jnp.sum(jnp.sin(f(x, w)))
-
-  got = jax.grad(loss(kernels.rows_product), argnums=(0, 1))(x, w)
-  want = jax.grad(loss(cpu._xla), argnums=(0, 1))(x, w)
+  kernel = lambda x, w: cpu._kernel('nk', isa, x, w)
+  loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))
+  got = jax.grad(loss(kernel), argnums=(0, 1))(x, w)
+  want = jax.grad(loss(lambda x, w: cpu._xla_product('nk', x, w)), argnums=(0, 1))(x, w)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
   xs = jax.random.normal(kx, (5, 2, 48))
   np.testing.assert_allclose(
-    jax.vmap(kernels.rows_product, in_axes=(0, None))(xs, w),
-    _reference(xs, w),
-    rtol=1e-4,
-    atol=1e-3,
+    jax.vmap(kernel, in_axes=(0, None))(xs, w), _reference(xs, w, 'nk'), rtol=1e-4, atol=1e-3
   )
 
 
-def test_a_missing_compiler_falls_back_to_xla_with_a_warning(monkeypatch, tmp_path):
-  monkeypatch.setattr(cpu, '_state', {})
-  monkeypatch.setattr(cpu, '_cache_dir', lambda: tmp_path)
-  monkeypatch.setenv('CXX', str(tmp_path / 'no-such-compiler'))
+def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
+  isa = cpu.supported()[0]
+  if isa == 'scalar':
+    pytest.skip('no vector path on this CPU: auto dispatch never considers scalar')
+  timings = {}
+  monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: timings['next'])
+  timings['next'] = (1e-4, 2e-4)  # the kernel is faster
+  assert cpu.path('kn', 1536, 576, 2) == isa
+  timings['next'] = (3e-4, 2e-4)  # XLA is faster
+  assert cpu.path('kn', 1536, 576, 3) is None
+  timings['next'] = (2e-4, 2e-4)  # a tie keeps XLA
+  assert cpu.path('nk', 4096, 576, 1) is None
+  # Decisions are kept on disk beside the library and read back without timing again.
+  saved = json.loads(next(fresh.glob('dispatch-*.json')).read_text())
+  assert saved['kn 1536x576 rows=2']['use'] == isa and saved['kn 1536x576 rows=3']['use'] == 'xla'
+  cpu._state['decisions'] = {}  # a new process
+  monkeypatch.setattr(cpu, '_time_both', lambda *a: pytest.fail('timed a decided product'))
+  assert cpu.path('kn', 1536, 576, 2) == isa and cpu.path('kn', 1536, 576, 3) is None
+  assert set(cpu.decisions()) >= {'kn 1536x576 rows=2', 'kn 1536x576 rows=3'}
+  # Tiny products and long prefills stay with XLA without timing.
+  assert cpu.path('kn', 64, 96, 2) is None and cpu.path('kn', 1536, 576, 65) is None
+
+
+def test_the_real_timer_times_both(fresh):
+  if cpu.supported()[0] == 'scalar':
+    pytest.skip('no vector path on this CPU')
+  record = cpu.measure('kn', 1536, 576, 2, cpu.supported()[0])
+  assert record['kernel_us'] > 0 and record['xla_us'] > 0
+
+
+def test_a_forced_path_runs_everywhere_and_bad_switches_are_named(fresh, monkeypatch):
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'scalar')
+  monkeypatch.setattr(cpu, '_time_both', lambda *a: pytest.fail('a forced path is not timed'))
+  assert cpu.path('kn', 64, 96, 2) == 'scalar' and cpu.path('nk', 10, 8, 1000) == 'scalar'
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'xla')
+  assert cpu.path('kn', 1536, 576, 2) is None and not cpu.load()
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'avx3')
+  with pytest.raises(ValueError, match="SPECJAX_CPU_ISA='avx3' is not one of auto, avx512"):
+    cpu.path('kn', 1536, 576, 2)
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'avx512')
+  monkeypatch.setattr(cpu, 'supported', lambda: ('avx2', 'scalar'))
+  with pytest.raises(ValueError, match='SPECJAX_CPU_ISA=avx512 but this CPU .* lacks it'):
+    cpu.path('kn', 1536, 576, 2)
+  monkeypatch.delenv('SPECJAX_CPU_ISA')
+  monkeypatch.setenv('SPECJAX_CPU_KERNELS', '0')
+  assert cpu.requested() == 'xla' and cpu.path('nk', 49152, 576, 2) is None
+
+
+def test_the_cache_key_follows_the_cpu_and_the_flags(monkeypatch):
+  key = cpu.library_key('avx2')
+  assert cpu.library_key('scalar') != key  # other compiler flags
+  info = dict(cpu.cpu_info())
+  monkeypatch.setattr(cpu, 'cpu_info', lambda: {**info, 'flags': [*info['flags'], 'avx512f']})
+  assert cpu.library_key('avx2') != key  # another CPU's features
+  monkeypatch.setattr(cpu, 'cpu_info', lambda: {**info, 'model': 'Another CPU'})
+  assert cpu.library_key('avx2') != key
+
+
+def test_a_tampered_library_is_rebuilt_not_loaded(fresh):
+  built = cpu._compile('scalar')
+  good = built.read_bytes()
+  built.write_bytes(good[:-16] + b'\0' * 16)  # a corrupted or replaced file
+  with pytest.warns(UserWarning, match='does not match its recorded hash: rebuilding'):
+    again = cpu._compile('scalar')
+  assert again == built and cpu._sha256(again) == again.with_suffix('.sha256').read_text().strip()
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    assert cpu._compile('scalar') == built  # intact: loaded as it is
+
+
+def test_a_missing_compiler_falls_back_to_xla_with_a_warning(fresh, monkeypatch):
+  cpu._state.clear()
+  monkeypatch.setenv('CXX', str(fresh / 'no-such-compiler'))
   with pytest.warns(UserWarning, match='unavailable, using XLA'):
     assert not cpu.load()
   assert 'no-such-compiler' in cpu.status()
-  x, w = jnp.ones((2, 32)), jnp.ones((8, 32))
+  x, w = jnp.ones((2, 576)), jnp.ones((4096, 576))
   assert not cpu.applicable(x, w)
-  np.testing.assert_allclose(cpu.rows_product(x, w), 32.0)
+  np.testing.assert_allclose(cpu.rows_product(x, w), 576.0)
 
 
-def test_it_can_be_switched_off(monkeypatch):
-  monkeypatch.setattr(cpu, '_state', {})
-  monkeypatch.setenv('SPECJAX_CPU_KERNELS', '0')
-  with warnings.catch_warnings():
-    warnings.simplefilter('error')
-    assert not cpu.load()
-  assert 'SPECJAX_CPU_KERNELS=0' in cpu.status()
+# The model on each path: cached == full, and speculative greedy == target greedy.
 
 
-def test_the_model_head_with_the_kernel_equals_the_xla_head():
-  """Two-token forwards (kernel head) and one-token steps (XLA head) agree position by position."""
-  cfg = llama.LlamaConfig(
-    vocab_size=300, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96
+@pytest.mark.parametrize('isa', PATHS)
+def test_the_model_on_each_path_equals_the_model_on_xla(isa, monkeypatch):
+  cfg, params = testing.tiny_model(seed=1, n_layers=2)
+  tokens = jnp.array([[5, 17, 99, 3, 42]])
+  want, _ = jax.jit(lambda p, t: llama.forward(p, t, llama.init_cache(cfg, 1, 16), cfg))(
+    params, tokens
   )
-  params = llama.init_params(cfg, jax.random.PRNGKey(1), scale=0.2)
-  tokens = jnp.array([[5, 17, 99]])
-  cache = llama.init_cache(cfg, 1, 16)
-  _, cache = llama.forward(params, tokens[:, :1], cache, cfg)
-  both, _ = llama.forward(params, tokens[:, 1:], cache, cfg)  # 2 rows: the kernel
-  assert kernels.applicable(jnp.ones((1, 2, 64)), params['embed'])
-  one, cache1 = llama.forward(params, tokens[:, 1:2], cache, cfg)  # 1 row: XLA
-  two, _ = llama.forward(params, tokens[:, 2:], cache1, cfg)
-  np.testing.assert_allclose(both, jnp.concatenate([one, two], 1), rtol=1e-5, atol=2e-5)
+  monkeypatch.setenv('SPECJAX_CPU_ISA', isa)
+  monkeypatch.setattr(cpu, '_state', {})
+  assert cpu.path('kn', cfg.d_model, cfg.d_model, 2) == isa  # forced: tiny products too
+  _, cache = llama.forward(params, tokens[:, :2], llama.init_cache(cfg, 1, 16), cfg)
+  rest, _ = llama.forward(params, tokens[:, 2:], cache, cfg)  # 3 rows on the kernels
+  full, _ = llama.forward(params, tokens, llama.init_cache(cfg, 1, 16), cfg)
+  np.testing.assert_allclose(full, want, rtol=1e-5, atol=2e-5)
+  np.testing.assert_allclose(rest, want[:, 2:], rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize('isa', PATHS)
+def test_speculative_greedy_equals_target_greedy_on_each_path(isa, monkeypatch):
+  monkeypatch.setenv('SPECJAX_CPU_ISA', isa)
+  monkeypatch.setattr(cpu, '_state', {})
+  cfg, params = testing.tiny_model(seed=3, n_layers=3)
+  draft_cfg, draft_params = truncated_target(cfg, params, 1)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=ModelDrafter(draft_cfg),
+                  draft_params=draft_params)  # fmt: skip
+  prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7], [7]]
+  reference = engine.generate(prompts, 16).tokens
+  for gamma in (2, 4):
+    assert engine.generate(prompts, 16, gamma=gamma, verifier='greedy').tokens == reference

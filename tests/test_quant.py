@@ -9,6 +9,7 @@ import pytest
 from specjax import registry
 from specjax.decode.engine import Engine
 from specjax.drafters import model as model_drafters
+from specjax.kernels import cpu as cpu_kernels
 from specjax.models import llama, quant
 
 CFG = llama.LlamaConfig(
@@ -45,7 +46,9 @@ def _reference(x, w: quant.BlockWeight):
 
 @pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
 @pytest.mark.parametrize('rows', [1, 3, 4, 9])
-def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows):
+def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows, monkeypatch):
+  monkeypatch.setenv('SPECJAX_CPU_ISA', cpu_kernels.supported()[0])  # the best path, untimed
+  monkeypatch.setattr(cpu_kernels, '_state', {})
   rng = np.random.default_rng(rows)
   w = rng.normal(size=(38, 96)).astype(np.float32)  # 38 rows: tiles of 4 and a tail of 2
   if fmt == 'q8_0':
@@ -53,7 +56,7 @@ def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows):
   else:
     bw = quant.from_gguf(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1), fmt, 96, False)
   x = jnp.asarray(rng.normal(size=(rows, 96)).astype(np.float32))
-  assert quant.kernel_applies(x)
+  assert quant.kernel_applies(x, bw)
   got = np.asarray(jax.jit(quant.dense_rows)(x, jax.device_put(bw)))
   np.testing.assert_allclose(got, _reference(x, bw), rtol=1e-5, atol=1e-4)
   # ... and within the activations' rounding of the float32 product.
@@ -63,7 +66,9 @@ def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows):
 
 def test_without_the_kernel_weights_are_expanded_exactly(monkeypatch):
   bw = quant.quantize_q8_0(np.random.default_rng(1).normal(size=(64, 40)).astype(np.float32))
-  monkeypatch.setattr(quant, 'kernel_applies', lambda x: False)
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'xla')
+  monkeypatch.setattr(cpu_kernels, '_state', {})
+  assert not quant.kernel_applies(jnp.ones((2, 64)), bw)
   x = jnp.ones((2, 64))
   np.testing.assert_allclose(quant.dense(x, bw), np.asarray(x) @ np.asarray(bw.expand()), rtol=1e-6)
   with pytest.raises(ValueError, match='dense_rows'):

@@ -1,5 +1,5 @@
-"""Hand-written kernels that XLA calls through JAX's FFI (see cpu.py)."""
+"""CPU kernels for XLA:CPU (see specjax/kernels/cpu.py)."""
 
-from specjax.kernels.cpu import KERNEL_ROWS, applicable, rows_product, status
+from specjax.kernels.cpu import applicable, dense_product, rows_product, status
 
-__all__ = ['KERNEL_ROWS', 'applicable', 'rows_product', 'status']
+__all__ = ['applicable', 'dense_product', 'rows_product', 'status']

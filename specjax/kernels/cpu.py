@@ -1,39 +1,88 @@
-"""A CPU kernel for the output head of short forwards, registered with JAX's FFI.
+"""CPU kernels for products of a few rows, registered with JAX's FFI, used only where they
+beat XLA's own product on this machine.
 
-`rows_product(x, w)` is `x @ w.T` for a float32 matrix w[N, K] stored (out, in), as a
-tied embedding used as the output head. On XLA:CPU, when x has `KERNEL_ROWS` rows
-(the 2-4 new tokens of a short verification forward, or a batch of 2-4 one-token
-steps), it runs `cpu_linear.cc`, which reads w once for all rows; everywhere else
-(one row, more rows, other backends and dtypes) it is XLA's own product, which is as
-fast or faster there (measured in experiments/step_profile; BENCHMARKS.md).
+Four products have a kernel (specjax/kernels/*.cc):
 
-The kernel is compiled once per machine with the system C++ compiler (`$CXX`, else
-`c++`) into `$SPECJAX_CACHE/kernels/` (about 2 s) the first time it is needed. If that
-fails, or with SPECJAX_CPU_KERNELS=0, XLA's product is used throughout; `status()`
-says which. Results differ from XLA's only in float32 rounding (the sums run in
-another order): both are within the model's parity tolerance.
+  kind   operands                            where the model uses it
+  'nk'   x[..., K] @ w[N, K].T, float32       a tied embedding as the output head
+  'kn'   x[..., K] @ w[K, N], float32         every layer weight (stored (in, out))
+  'q4_1' x[..., K] @ W.T, W in q4_1 blocks   a quantized self-draft's layers (models/quant.py)
+  'q8_0' x[..., K] @ W.T, W in q8_0 blocks   its embedding head
+
+A forward of 1-9 new tokens (a plain step, a verification, a draft step) multiplies
+each weight by that many rows; a kernel reads each weight once for all of them. The
+sources are compiled once per machine and instruction set with the system C++ compiler
+(`$CXX`, else `c++`) into `$SPECJAX_CACHE/kernels/` (a few seconds):
+
+  'avx512'  AVX-512 (and VNNI where the CPU has it) 512-bit paths
+  'avx2'    AVX2 + FMA 256-bit paths (int8 dots with maddubs/madd)
+  'scalar'  plain C++, for exactness tests: never chosen unless forced
+
+Which runs is decided by measurement: the first time a product of a shape and a row
+count is traced, the kernel of the best instruction set this CPU has and XLA's product
+are timed on it (interleaved, the median of a few calls each) and the faster is kept;
+decisions are stored beside the library, under a key of the CPU's model and features,
+the compiler flags and the sources (`decisions()` lists them, `python -m specjax.kernels
+--measure` redoes them). Switches:
+
+  SPECJAX_CPU_ISA=avx512|avx2|scalar   that path for every product it takes (no timing)
+  SPECJAX_CPU_ISA=xla                  XLA's products throughout (as SPECJAX_CPU_KERNELS=0)
+
+A library is written atomically with its sha256 beside it and checked before it is
+loaded; a mismatch rebuilds it with a warning. If compiling fails, XLA's product is used
+with a warning; `status()` says which. Results differ from XLA's only in float32
+rounding (the sums run in another order), and the block products round x to 8 bits per
+block as llama.cpp does.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import json
 import os
 import pathlib
+import platform
 import subprocess
 import threading
+import time
 import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-KERNEL_ROWS = (2, 4)  # the rows of x for which the kernel beats XLA (inclusive)
-_SOURCES = tuple(pathlib.Path(__file__).with_name(n) for n in ('cpu_linear.cc', 'cpu_blocks.cc'))
-_TARGET = 'specjax_linear_nk'
+_DIR = pathlib.Path(__file__).parent
+_SOURCES = tuple(_DIR / n for n in ('cpu_linear.cc', 'cpu_blocks.cc'))
+_HEADERS = (_DIR / 'spin_pool.h',)
+TARGETS = {
+  'nk': 'specjax_linear_nk',
+  'kn': 'specjax_linear_kn',
+  'q4_1': 'specjax_blocks_q4_1',
+  'q8_0': 'specjax_blocks_q8_0',
+}
 BLOCK_TARGETS = {'q4_1': 'specjax_blocks_q4_1', 'q8_0': 'specjax_blocks_q8_0'}
-MAX_BLOCK_ROWS = 64  # kMaxRows in cpu_blocks.cc
-_lock = threading.Lock()
-_state: dict = {}
+MAX_ROWS = 64  # the most rows measured dispatch sends to a kernel (a forced path: any)
+MIN_WEIGHTS = 1 << 16  # smaller products (tiny test models) stay with XLA: a call costs more
+ISAS = ('avx512', 'avx2', 'scalar')
+CHOICES = (*ISAS, 'xla')
+_BASE_FLAGS = ('-O3', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-pthread')
+# What each instruction set needs of the CPU (/proc/cpuinfo names) and its compiler flags.
+_NEEDS = {
+  'avx512': ('avx512f', 'avx512vl', 'avx512bw', 'avx512dq', 'avx2', 'fma', 'f16c'),
+  'avx2': ('avx2', 'fma', 'f16c'),
+  'scalar': (),
+}
+_FLAGS = {
+  'avx512': ('-mavx512f', '-mavx512vl', '-mavx512bw', '-mavx512dq', '-mavx2', '-mfma', '-mf16c'),
+  'avx2': ('-mavx2', '-mfma', '-mf16c'),
+  'scalar': (),
+}
+
+_lock = threading.RLock()
+_state: dict = {}  # 'libs': isa -> CDLL, 'why': str, 'decisions': {key: record}
+_registered: set = set()  # FFI target names registered in this process (never twice)
 
 
 def _cache_dir() -> pathlib.Path:
@@ -43,106 +92,373 @@ def _cache_dir() -> pathlib.Path:
   return pathlib.Path(root) / 'kernels'
 
 
-def _compile() -> pathlib.Path:
-  """Builds the shared library (once per source, jaxlib and machine) and returns its path."""
-  source = b''.join(f.read_bytes() for f in (*_SOURCES, _SOURCES[0].with_name('spin_pool.h')))
-  flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-pthread']
+@functools.cache
+def cpu_info() -> dict:
+  """{'model': str, 'flags': sorted feature names, 'machine': 'x86_64' ...} of this CPU."""
+  model, flags = platform.processor() or '', set()
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        key = key.strip()
+        if key == 'model name':
+          model = value.strip()
+        elif key in ('flags', 'Features') and not flags:
+          flags = set(value.split())
+  except OSError:
+    pass
+  return {'model': model, 'flags': sorted(flags), 'machine': platform.machine()}
+
+
+def isa_flags() -> str:
+  """The ISA flags that matter here, as present on this CPU ('avx2 fma avx512f ...')."""
+  wanted = ('sse4_2', 'avx', 'avx2', 'fma', 'f16c', 'avx512f', 'avx512vl', 'avx512bw')
+  have = set(cpu_info()['flags'])
+  return ' '.join(f for f in (*wanted, 'avx512_vnni', 'avx_vnni', 'amx_tile') if f in have)
+
+
+def supported() -> tuple[str, ...]:
+  """The instruction sets this CPU can run, best first."""
+  if cpu_info()['machine'] not in ('x86_64', 'AMD64'):
+    return ('scalar',)
+  have = set(cpu_info()['flags'])
+  return tuple(isa for isa in ISAS if all(f in have for f in _NEEDS[isa]))
+
+
+def requested() -> str:
+  """'auto' (measured dispatch) or the path that SPECJAX_CPU_ISA / SPECJAX_CPU_KERNELS force."""
+  if os.environ.get('SPECJAX_CPU_KERNELS', '1') == '0':
+    return 'xla'
+  isa = os.environ.get('SPECJAX_CPU_ISA', '').strip().lower()
+  if isa in ('', 'auto'):
+    return 'auto'
+  if isa not in CHOICES:
+    raise ValueError(f'SPECJAX_CPU_ISA={isa!r} is not one of auto, {", ".join(CHOICES)}')
+  return isa
+
+
+def _flags(isa: str) -> list[str]:
+  extra = list(_FLAGS[isa])
+  if isa == 'avx512' and 'avx512_vnni' in cpu_info()['flags']:
+    extra.append('-mavx512vnni')
+  return [*_BASE_FLAGS, *extra]
+
+
+def library_key(isa: str) -> str:
+  """What a built library depends on: the sources, jaxlib, the compiler and its flags, and
+  this CPU's model and features (a library built for one CPU is never loaded on another)."""
   compiler = os.environ.get('CXX', 'c++')
-  key = hashlib.sha256(
-    b'\0'.join([source, jax.lib.__version__.encode(), ' '.join([compiler, *flags]).encode()])
-    + os.uname().machine.encode()
-    + os.uname().nodename.encode()
-  ).hexdigest()[:16]
-  out = _cache_dir() / f'specjax_cpu-{key}.so'
+  parts = [
+    *(f.read_bytes() for f in (*_SOURCES, *_HEADERS)),
+    jax.lib.__version__.encode(),
+    ' '.join([compiler, *_flags(isa)]).encode(),
+    json.dumps(cpu_info(), sort_keys=True).encode(),
+  ]
+  return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]
+
+
+def _sha256(path: pathlib.Path) -> str:
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _compile(isa: str) -> pathlib.Path:
+  """Builds the library for `isa` (once per key) and returns its path; a cached one whose
+  recorded hash does not match is rebuilt with a warning."""
+  out = _cache_dir() / f'specjax_cpu-{isa}-{library_key(isa)}.so'
+  digest = out.with_suffix('.sha256')
   if out.exists():
-    return out
+    want = digest.read_text().strip() if digest.exists() else None
+    if want == _sha256(out):
+      return out
+    warnings.warn(
+      f'specjax CPU kernel {out.name} does not match its recorded hash: rebuilding it',
+      stacklevel=4,
+    )
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_suffix(f'.{os.getpid()}.tmp')
+  tmp = out.with_suffix(f'.{os.getpid()}.{threading.get_ident()}.tmp')
+  compiler = os.environ.get('CXX', 'c++')
   includes = [f'-I{jax.ffi.include_dir()}', f'-I{_SOURCES[0].parents[2]}']
-  cmd = [compiler, *flags, *includes, *map(str, _SOURCES), '-o', str(tmp)]
+  cmd = [compiler, *_flags(isa), *includes, *map(str, _SOURCES), '-o', str(tmp)]
   try:
     done = subprocess.run(cmd, capture_output=True, text=True)
   except OSError as e:
     raise RuntimeError(f'cannot run the C++ compiler {compiler!r}: {e}') from None
   if done.returncode:
     raise RuntimeError(f'{" ".join(cmd)} failed:\n{done.stderr[-2000:]}')
+  tmp_digest = tmp.with_name(tmp.name + '.sha256')
+  tmp_digest.write_text(_sha256(tmp) + '\n')
+  os.replace(tmp_digest, digest)  # the hash first: a library present always has one
   os.replace(tmp, out)
   return out
 
 
-def load() -> bool:
-  """Compiles and registers the kernel once; True when it can be used."""
+def _target(kind: str, isa: str) -> str:
+  return f'{TARGETS[kind]}_{isa}'
+
+
+def library(isa: str):
+  """The loaded library of `isa` (compiled and registered on first use), or None with the
+  reason in status() when it cannot be had."""
   with _lock:
-    if 'ok' in _state:
-      return _state['ok']
-    if os.environ.get('SPECJAX_CPU_KERNELS', '1') == '0':
-      _state.update(ok=False, why='disabled by SPECJAX_CPU_KERNELS=0')
-      return False
+    libs = _state.setdefault('libs', {})
+    if isa in libs:
+      return libs[isa]
+    libs[isa] = None
+    if isa not in supported():
+      _state['why'] = f'this CPU cannot run the {isa} path (flags: {isa_flags() or "none"})'
+      return None
     try:
-      library = ctypes.cdll.LoadLibrary(str(_compile()))
-      for target in (_TARGET, 'specjax_stream_sum', *BLOCK_TARGETS.values()):
-        jax.ffi.register_ffi_target(
-          target, jax.ffi.pycapsule(getattr(library, target)), platform='cpu'
-        )
-      _state.update(ok=True, why='compiled and registered', library=library)
+      lib = ctypes.cdll.LoadLibrary(str(_compile(isa)))
+      lib.specjax_isa.restype = ctypes.c_char_p
+      built = lib.specjax_isa().decode()
+      if built != isa:
+        raise RuntimeError(f'the {isa} build compiled the {built} path')
+      names = {_target(kind, isa): name for kind, name in TARGETS.items()}
+      names[f'specjax_stream_sum_{isa}'] = 'specjax_stream_sum'
+      for target, name in names.items():
+        if target not in _registered:
+          fn = jax.ffi.pycapsule(getattr(lib, name))
+          jax.ffi.register_ffi_target(target, fn, platform='cpu')
+          _registered.add(target)
+      libs[isa] = lib
+      _state['why'] = f'{isa} compiled and registered'
     except Exception as e:  # noqa: BLE001 - any failure means: use XLA
       warnings.warn(f'specjax CPU kernel unavailable, using XLA: {e}', stacklevel=3)
-      _state.update(ok=False, why=str(e))
-    return _state['ok']
+      _state['why'] = str(e)
+    return libs[isa]
+
+
+def best_isa() -> str | None:
+  """The path measured dispatch considers: the best this CPU runs (never 'scalar', which is
+  for tests), or the forced one; None when kernels are off or cannot be built."""
+  want = requested()
+  if want == 'xla':
+    _state.setdefault('why', 'disabled by SPECJAX_CPU_ISA=xla or SPECJAX_CPU_KERNELS=0')
+    return None
+  if want != 'auto':
+    if want not in supported():
+      raise ValueError(
+        f'SPECJAX_CPU_ISA={want} but this CPU ({cpu_info()["model"]}) lacks it; it runs: '
+        f'{", ".join(supported())} (flags: {isa_flags() or "none"})'
+      )
+    return want if library(want) is not None else None
+  for isa in supported():
+    if isa != 'scalar' and library(isa) is not None:
+      return isa
+  _state.setdefault('why', 'no vector path on this CPU: XLA throughout')
+  return None
+
+
+def load() -> bool:
+  """Whether a kernel path can be used (compiles and registers it on first use)."""
+  with _lock:
+    return best_isa() is not None
 
 
 def status() -> str:
-  """Whether the kernel is in use (and why not), after the first call that wanted it."""
+  """The kernel path in use (and why not), after the first call that wanted it."""
   return _state.get('why', 'not loaded yet')
 
 
-def applicable(x: jax.Array, w: jax.Array) -> bool:
-  """Whether `rows_product` runs the kernel for these operands (decided at trace time)."""
-  rows = 1
-  for d in x.shape[:-1]:
-    rows *= d
-  return (
-    KERNEL_ROWS[0] <= rows <= KERNEL_ROWS[1]
-    and jax.default_backend() == 'cpu'
-    and x.dtype == jnp.float32
-    and w.dtype == jnp.float32
-    and w.ndim == 2
-    and load()
-  )
+# ---- measured dispatch ----------------------------------------------------------------
 
 
-def _xla(x: jax.Array, w: jax.Array) -> jax.Array:
-  return jnp.einsum('...K,NK->...N', x, w)
+def _decisions_path(isa: str) -> pathlib.Path:
+  optimised = not getattr(jax.config, 'jax_disable_most_optimizations', False)
+  tag = '' if optimised else '-unoptimised'
+  return _cache_dir() / f'dispatch-{isa}-{library_key(isa)}{tag}.json'
 
 
-@jax.custom_vjp
-def _kernel(x: jax.Array, w: jax.Array) -> jax.Array:
+def _decisions(isa: str) -> dict:
+  table = _state.setdefault('decisions', {})
+  path = _decisions_path(isa)
+  if path not in table:
+    try:
+      table[path] = json.loads(path.read_text())
+    except (OSError, ValueError):
+      table[path] = {}
+  return table[path]
+
+
+def _save(isa: str) -> None:
+  path = _decisions_path(isa)
+  tmp = path.with_suffix(f'.{os.getpid()}.tmp')
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps(_decisions(isa), indent=1, sort_keys=True))
+    os.replace(tmp, path)
+  except OSError:  # a read-only cache: the decisions hold for this process
+    pass
+
+
+def _time_both(kernel, xla, args, calls: int = 5, rounds: int = 5) -> tuple[float, float]:
+  """Median seconds per call of two jitted functions on `args`, interleaved round by round."""
+  for f in (kernel, xla):
+    jax.block_until_ready(f(*args))
+  times = ([], [])
+  for _ in range(rounds):
+    for f, out in zip((kernel, xla), times):
+      start = time.perf_counter()
+      for _ in range(calls):
+        jax.block_until_ready(f(*args))
+      out.append((time.perf_counter() - start) / calls)
+  return float(np.median(times[0])), float(np.median(times[1]))
+
+
+def _operands(kind: str, n: int, k: int, rows: int):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((rows, k), np.float32))
+  if kind == 'nk':
+    return x, jnp.asarray(rng.standard_normal((n, k), np.float32) * 0.05)
+  if kind == 'kn':
+    return x, jnp.asarray(rng.standard_normal((k, n), np.float32) * 0.05)
+  width = 16 if kind == 'q4_1' else 32
+  qs = jnp.asarray(rng.integers(0, 256, (n, k // 32, width), dtype=np.uint8))
+  d = jnp.asarray(rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float32))
+  m = jnp.asarray(rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float32))
+  m = m if kind == 'q4_1' else jnp.zeros_like(d)
+  return x, qs, d, m
+
+
+def measure(kind: str, n: int, k: int, rows: int, isa: str) -> dict:
+  """Times the `isa` kernel and XLA's product for one shape: {'kernel_us', 'xla_us'}."""
+  args = _operands(kind, n, k, rows)
+  kernel = jax.jit(lambda *a: _call(kind, isa, *a))
+  xla = jax.jit(lambda *a: _xla_product(kind, *a))
+  t_kernel, t_xla = _time_both(kernel, xla, args)
+  return {'kernel_us': round(t_kernel * 1e6, 1), 'xla_us': round(t_xla * 1e6, 1)}
+
+
+def path(kind: str, n: int, k: int, rows: int) -> str | None:
+  """The instruction set whose kernel runs this product, or None for XLA's (trace time)."""
+  if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
+    return None
+  if requested() == 'auto' and (rows > MAX_ROWS or (kind in ('nk', 'kn') and n * k < MIN_WEIGHTS)):
+    return None
+  with _lock:
+    isa = best_isa()
+    if isa is None or requested() != 'auto':
+      return isa
+    table = _decisions(isa)
+    key = f'{kind} {n}x{k} rows={rows}'
+    if key not in table:
+      record = measure(kind, n, k, rows, isa)
+      record['use'] = isa if record['kernel_us'] < record['xla_us'] else 'xla'
+      table[key] = record
+      _save(isa)
+    use = table[key]['use']
+    _state.setdefault('used', {})[key] = use
+    return None if use == 'xla' else use
+
+
+def decisions() -> dict:
+  """{product: {'kernel_us', 'xla_us', 'use'}} decided in this process (for provenance)."""
+  out = {}
+  for table in _state.get('decisions', {}).values():
+    out.update(table)
+  used = _state.get('used', {})
+  return {key: out.get(key, {'use': use}) for key, use in sorted(used.items())}
+
+
+def describe() -> dict:
+  """This CPU and the kernel paths in use: what every run's provenance records."""
+  info = cpu_info()
+  return {
+    'cpu': info['model'],
+    'isa_flags': isa_flags(),
+    'kernels_requested': requested(),
+    'kernel_isa': best_isa() if requested() != 'xla' else None,
+    'kernel_status': status(),
+    'products': decisions(),
+  }
+
+
+# ---- the products -----------------------------------------------------------------------
+
+
+def _xla_product(kind: str, x, *w):
+  if kind == 'nk':
+    return jnp.einsum('...K,NK->...N', x, w[0])
+  if kind == 'kn':
+    return x @ w[0]
+  qs, d, m = w
+  if kind == 'q4_1':
+    q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
+  else:
+    q = qs.astype(jnp.float32) - 128.0
+  rows = (q * d[..., None] + m[..., None]).reshape(qs.shape[0], -1)
+  return jnp.einsum('...K,NK->...N', x, rows)
+
+
+def _call(kind: str, isa: str, x, *w):
+  n = w[0].shape[1] if kind == 'kn' else w[0].shape[0]
   call = jax.ffi.ffi_call(
-    _TARGET, jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[0]), x.dtype), vmap_method='sequential'
-  )
-  return call(x, w)
+    _target(kind, isa), jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32),
+    vmap_method='sequential',
+  )  # fmt: skip
+  return call(x, *w)
 
 
-def _kernel_fwd(x, w):
-  return _kernel(x, w), (x, w)
+def _rows(x) -> int:
+  return int(np.prod(x.shape[:-1], dtype=np.int64))
 
 
-def _kernel_bwd(residuals, g):
-  return jax.vjp(_xla, *residuals)[1](g)
+def _float_path(kind: str, x, w) -> str | None:
+  if x.dtype != jnp.float32 or w.dtype != jnp.float32 or w.ndim != 2 or x.ndim < 1:
+    return None
+  n, k = (w.shape[1], w.shape[0]) if kind == 'kn' else w.shape
+  if x.shape[-1] != k:
+    return None
+  return path(kind, int(n), int(k), _rows(x))
+
+
+def applicable(x: jax.Array, w: jax.Array) -> bool:
+  """Whether `rows_product` runs a kernel for these operands (decided at trace time)."""
+  return _float_path('nk', x, w) is not None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _kernel(kind: str, isa: str, x: jax.Array, w: jax.Array) -> jax.Array:
+  return _call(kind, isa, x, w)
+
+
+def _kernel_fwd(kind, isa, x, w):
+  return _kernel(kind, isa, x, w), (x, w)
+
+
+def _kernel_bwd(kind, isa, residuals, g):
+  return jax.vjp(functools.partial(_xla_product, kind), *residuals)[1](g)
 
 
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
 def rows_product(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x[..., K] @ w[N, K].T, on the kernel where it is faster (see the module docstring)."""
-  return _kernel(x, w) if applicable(x, w) else _xla(x, w)
+  """x[..., K] @ w[N, K].T, on a kernel where it is faster (see the module docstring)."""
+  isa = _float_path('nk', x, w)
+  return _kernel('nk', isa, x, w) if isa else _xla_product('nk', x, w)
+
+
+def dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x[..., K] @ w[K, N], on a kernel where it is faster."""
+  isa = _float_path('kn', x, w)
+  return _kernel('kn', isa, x, w) if isa else x @ w
+
+
+def blocks_product(kind: str, x: jax.Array, qs, d, m) -> jax.Array | None:
+  """x[..., K] @ W.T for W in `kind` blocks on a kernel, or None where XLA's expanded
+  product is faster (or no kernel can run): the caller expands the weights then."""
+  if x.dtype != jnp.float32 or x.ndim < 1:
+    return None
+  isa = path(kind, int(qs.shape[0]), int(x.shape[-1]), _rows(x))
+  return _call(kind, isa, x, qs, d, m) if isa else None
 
 
 def stream_sum(x: jax.Array) -> jax.Array:
   """sum(x) of a float32 array, read once by every kernel thread: the memory-bandwidth
   probe of experiments/step_profile (XLA's own reduction for comparison: jnp.sum)."""
-  if not (jax.default_backend() == 'cpu' and x.dtype == jnp.float32 and load()):
+  isa = best_isa() if jax.default_backend() == 'cpu' and x.dtype == jnp.float32 else None
+  if isa is None:
     return jnp.sum(x, keepdims=True).reshape(1)
-  call = jax.ffi.ffi_call('specjax_stream_sum', jax.ShapeDtypeStruct((1,), jnp.float32))
+  call = jax.ffi.ffi_call(f'specjax_stream_sum_{isa}', jax.ShapeDtypeStruct((1,), jnp.float32))
   return call(x.reshape(-1))

@@ -9,11 +9,13 @@
 // and, for q4_1, an offset m [N, K/32]: w = d * q (+ m).
 // Each row of x is rounded, block by block, to 8-bit integers with a float scale (as
 // llama.cpp does for these formats), so one block product is a single integer dot
-// (AVX-512 VNNI where the CPU has it, plain C++ otherwise):
+// (AVX-512 VNNI where the CPU has it, AVX2's maddubs otherwise, and plain C++ in the
+// "scalar" build that kernels/cpu.py uses only for exactness tests):
 //
 //   y[i, n] = sum_b  d[n, b] * dx[i, b] * (q[n, b] . qx[i, b])  +  m[n, b] * sum(x[i, b])
 //
-// (for q8_0 the bias is taken back with d[n, b] * dx[i, b] * 128 * sum(qx[i, b])). The
+// (for q8_0 the bias is taken back with d[n, b] * dx[i, b] * 128 * sum(qx[i, b]), except
+// on the AVX2 path, which flips the bytes back to signed values and multiplies those). The
 // q4_1 offset term uses the exact float sum of x's block, so the only approximation is
 // x's rounding (relative error ~1/254 per value). The weights stream from memory once
 // per call (q4_1: 5 bits a weight), their rows split over spin_pool.h's threads.
@@ -37,7 +39,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxRows = 64;
+constexpr int64_t kMaxRows = 1 << 20;  // rows of x (measured dispatch uses <= 64)
 constexpr int kBlock = 32;
 
 // x's rows as 8-bit blocks: qx [M, nb, 32], scale dx [M, nb], exact sums sx [M, nb].
@@ -66,12 +68,24 @@ void QuantizeRows(const float* x, int64_t m_rows, int64_t nb, int8_t* qx, float*
 
 enum class Format { kQ4_1, kQ8_0 };
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SPECJAX_BLOCKS_SIMD 1
+constexpr bool kBiasedDot = true;  // q8_0 dots of the biased bytes, corrected through sx
+constexpr int kTileRows = 4;       // rows of W per tile (4 x 4 accumulators of 32 registers)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SPECJAX_BLOCKS_SIMD 1
+constexpr bool kBiasedDot = false;  // q8_0 dots of the signed bytes: no correction
+constexpr int kTileRows = 2;        // 2 x 4 accumulators of 16 registers
+#else
+constexpr bool kBiasedDot = true;
+#endif
+
 template <Format F>
 constexpr int64_t BlockBytes() {
   return F == Format::kQ4_1 ? 16 : 32;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(SPECJAX_BLOCKS_SIMD)
 // The 32 unsigned weight bytes of one block in value order (u8 x s8 integer dots).
 template <Format F>
 inline __m256i WeightBytes(const uint8_t* q) {
@@ -88,8 +102,20 @@ inline __m256i WeightBytes(const uint8_t* q) {
 
 // 8 int32 partial sums of u8(a) * s8(b) over 32 byte pairs (AVX-512 VNNI; AVX2's maddubs
 // would saturate on biased q8_0 bytes, 255 * 127 * 2 > 32767).
+template <Format F>
 inline __m256i DotBytes(__m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (F == Format::kQ4_1) {  // nibbles: 15 * 127 * 2 fits in int16
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
+  } else {  // |q| <= 128 against |x| <= 127: 128 * 127 * 2 fits in int16
+    const __m256i q = _mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80)));
+    const __m256i dot = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(b, q));
+    return _mm256_madd_epi16(dot, ones);
+  }
+#endif
 }
 
 inline float HorizontalSum(__m256 v) {
@@ -100,17 +126,18 @@ inline float HorizontalSum(__m256 v) {
 }
 #endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-// Rows [n, n + 4) of W against rows [m0, m0 + MB) of x; MB is a template argument so that
+#if defined(SPECJAX_BLOCKS_SIMD)
+// Rows [n, n + kTileRows) of W against rows [m0, m0 + MB) of x; MB is a template argument so that
 // the 4 x MB accumulators stay in registers.
 template <Format F, int MB>
 inline void Tile(const int8_t* qx, const float* dx, const float* sx, const uint8_t* qs,
                  const float* d, const float* mins, float* y, int64_t nb, int64_t n_dim,
                  int64_t n, int64_t m0) {
   constexpr int64_t kQb = BlockBytes<F>();
-  __m256 acc[MB][4];
+  constexpr int R = kTileRows;
+  __m256 acc[MB][R];
   for (int i = 0; i < MB; ++i)
-    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m256i xb[MB];
     float xd[MB];
@@ -118,22 +145,24 @@ inline void Tile(const int8_t* qx, const float* dx, const float* sx, const uint8
       xb[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + ((m0 + i) * nb + b) * kBlock));
       xd[i] = dx[(m0 + i) * nb + b];
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       const int64_t row = n + r;
       const __m256i w = WeightBytes<F>(qs + (row * nb + b) * kQb);
       const float dw = d[row * nb + b];
       for (int i = 0; i < MB; ++i) {
-        const __m256i dot = DotBytes(w, xb[i]);
+        const __m256i dot = DotBytes<F>(w, xb[i]);
         acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[i]), _mm256_cvtepi32_ps(dot), acc[i][r]);
       }
     }
   }
   for (int i = 0; i < MB; ++i) {
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       float total = HorizontalSum(acc[i][r]);
-      const float* wr = (F == Format::kQ4_1 ? mins : d) + (n + r) * nb;
-      const float* xs = sx + (m0 + i) * nb;
-      for (int64_t b = 0; b < nb; ++b) total += wr[b] * xs[b];
+      if (F == Format::kQ4_1 || kBiasedDot) {
+        const float* wr = (F == Format::kQ4_1 ? mins : d) + (n + r) * nb;
+        const float* xs = sx + (m0 + i) * nb;
+        for (int64_t b = 0; b < nb; ++b) total += wr[b] * xs[b];
+      }
       y[(m0 + i) * n_dim + n + r] = total;
     }
   }
@@ -146,14 +175,19 @@ void RowsChunk(const int8_t* qx, const float* dx, const float* sx, const uint8_t
                int64_t n_dim, int64_t lo, int64_t hi) {
   constexpr int64_t kQb = BlockBytes<F>();
   int64_t n = lo;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  constexpr int64_t kAhead = 8;  // rows: prefetch the weights of the tile after next
-  for (; n + 4 <= hi; n += 4) {
-    if (n + kAhead + 4 <= hi) {
+#if defined(SPECJAX_BLOCKS_SIMD)
+  constexpr int64_t R = kTileRows;
+  constexpr int64_t kAhead = 2 * R;  // rows: prefetch the weights of the tile after next
+  for (; n + R <= hi; n += R) {
+    if (n + kAhead + R <= hi) {
       const char* next = reinterpret_cast<const char*>(qs + (n + kAhead) * nb * kQb);
-      for (int64_t off = 0; off < 4 * nb * kQb; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+      for (int64_t off = 0; off < R * nb * kQb; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
       const char* dn = reinterpret_cast<const char*>(d + (n + kAhead) * nb);
-      for (int64_t off = 0; off < 4 * nb * 4; off += 64) _mm_prefetch(dn + off, _MM_HINT_T0);
+      for (int64_t off = 0; off < R * nb * 4; off += 64) _mm_prefetch(dn + off, _MM_HINT_T0);
+      if (F == Format::kQ4_1) {
+        const char* mn = reinterpret_cast<const char*>(mins + (n + kAhead) * nb);
+        for (int64_t off = 0; off < R * nb * 4; off += 64) _mm_prefetch(mn + off, _MM_HINT_T0);
+      }
     }
     int64_t m0 = 0;
     for (; m0 + 4 <= m_rows; m0 += 4) Tile<F, 4>(qx, dx, sx, qs, d, mins, y, nb, n_dim, n, m0);
@@ -177,12 +211,13 @@ void RowsChunk(const int8_t* qx, const float* dx, const float* sx, const uint8_t
           if constexpr (F == Format::kQ4_1) {
             wj = j < 16 ? (q[j] & 0x0F) : (q[j - 16] >> 4);
           } else {
-            wj = q[j];  // biased: the correction is in sx
+            wj = kBiasedDot ? q[j] : q[j] - 128;  // biased: the correction is in sx
           }
           dot += wj * xq[j];
         }
         total += d[n * nb + b] * dx[i * nb + b] * static_cast<float>(dot);
-        total += (F == Format::kQ4_1 ? mins : d)[n * nb + b] * sx[i * nb + b];
+        if (F == Format::kQ4_1 || kBiasedDot)
+          total += (F == Format::kQ4_1 ? mins : d)[n * nb + b] * sx[i * nb + b];
       }
       y[i * n_dim + n] = total;
     }
@@ -207,7 +242,7 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
   std::unique_ptr<int8_t[]> qx(new int8_t[m_rows * k_dim]);
   std::unique_ptr<float[]> dx(new float[m_rows * nb]), sx(new float[m_rows * nb]);
   QuantizeRows(x.typed_data<float>(), m_rows, nb, qx.get(), dx.get(), sx.get(),
-               F == Format::kQ8_0);
+               F == Format::kQ8_0 && kBiasedDot);
   const int8_t* qxp = qx.get();
   const float* dxp = dx.get();
   const float* sxp = sx.get();

@@ -1,18 +1,21 @@
-// The output head of a verification forward, for XLA:CPU, called through JAX's FFI.
+// Float32 products of a few rows for XLA:CPU, called through JAX's FFI.
 //
-//   specjax_linear_nk: y[M, N] = x[M, K] @ w[N, K]^T    (w stored (out, in): a tied
-//                                                        embedding used as the head)
+//   specjax_linear_nk: y[M, N] = x[M, K] @ w[N, K]^T   (w stored (out, in): a tied
+//                                                       embedding used as the head)
+//   specjax_linear_kn: y[M, N] = x[M, K] @ w[K, N]     (w stored (in, out): a layer)
 //
-// A forward of 2-4 new tokens multiplies each weight matrix by a handful of rows: it
+// A forward of 1-9 new tokens multiplies each weight matrix by a handful of rows: it
 // should cost one read of the weights, as a one-token step does. XLA:CPU sends such
-// products to a GEMM kernel that repacks the weights on every call; for SmolLM2's
-// 113 MB head (49152 x 576) that read ran at ~28 GB/s where a one-row product runs at
-// ~55 GB/s (experiments/step_profile). This kernel reads each weight row once per call
-// and reuses it, from L1, for up to four rows of x at a time; the rows of w are split
-// over spin_pool.h's threads.
+// products to a GEMM that repacks the weights on every call (SmolLM2's 113 MB head ran at
+// ~28 GB/s where a one-row product ran at ~55 GB/s, experiments/step_profile). These
+// kernels read each weight once per call and reuse it from registers or L1 for every
+// row of x; the weights are split over spin_pool.h's threads.
 //
-// Sums are float32 in a fixed order that does not depend on the number of threads
-// or on which thread ran a chunk: results are deterministic.
+// One source, compiled once per instruction set (kernels/cpu.py): with AVX-512 the
+// 512-bit paths, with AVX2 + FMA the 256-bit paths, and with neither plain C++ (the
+// "scalar" build, for exactness tests; cpu.py only dispatches a path that beat XLA's
+// own product on this machine). Sums are float32 in a fixed order that does not depend
+// on the number of threads: results are deterministic.
 
 #include <algorithm>
 #include <atomic>
@@ -31,38 +34,93 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxRows = 64;  // rows of x the kernel accepts (Python uses 2-4)
+constexpr int64_t kMaxRows = 1 << 20;  // rows of x the kernels accept (dispatch: <= 64)
 
+#if defined(__AVX512F__)
+#define SPECJAX_ISA "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SPECJAX_ISA "avx2"
+#else
+#define SPECJAX_ISA "scalar"
+#endif
 
-// y[m, lo:hi] = x[m, :] . w[lo:hi, :] for every row m: four weight rows at a time,
-// each block reused (in L1) for every group of up to four rows of x.
+#if defined(__AVX2__) && defined(__FMA__)
+inline float Sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// ---- w[N, K] (out, in) --------------------------------------------------------------
+
+#if defined(__AVX512F__)
+// Weight rows [n, n + 4) against rows [m0, m0 + MB) of x, K % 16 == 0.
+template <int MB>
+inline void NkTile(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim,
+                   int64_t n, int64_t m0) {
+  const float* wr[4] = {w + n * k_dim, w + (n + 1) * k_dim, w + (n + 2) * k_dim,
+                        w + (n + 3) * k_dim};
+  __m512 acc[MB][4];
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k_dim; k += 16) {
+    const __m512 v0 = _mm512_loadu_ps(wr[0] + k), v1 = _mm512_loadu_ps(wr[1] + k);
+    const __m512 v2 = _mm512_loadu_ps(wr[2] + k), v3 = _mm512_loadu_ps(wr[3] + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + (m0 + i) * k_dim + k);
+      acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 4; ++r) y[(m0 + i) * n_dim + n + r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+constexpr int64_t kNkLanes = 16;
+constexpr int kNkRows = 4;  // rows of x per tile
+#elif defined(__AVX2__) && defined(__FMA__)
+// Weight rows [n, n + 4) against rows [m0, m0 + MB) of x, K % 8 == 0 (8 of the 16
+// registers accumulate, 4 hold weights).
+template <int MB>
+inline void NkTile(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim,
+                   int64_t n, int64_t m0) {
+  const float* wr[4] = {w + n * k_dim, w + (n + 1) * k_dim, w + (n + 2) * k_dim,
+                        w + (n + 3) * k_dim};
+  __m256 acc[MB][4];
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < k_dim; k += 8) {
+    const __m256 v0 = _mm256_loadu_ps(wr[0] + k), v1 = _mm256_loadu_ps(wr[1] + k);
+    const __m256 v2 = _mm256_loadu_ps(wr[2] + k), v3 = _mm256_loadu_ps(wr[3] + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * k_dim + k);
+      acc[i][0] = _mm256_fmadd_ps(xv, v0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(xv, v1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(xv, v2, acc[i][2]);
+      acc[i][3] = _mm256_fmadd_ps(xv, v3, acc[i][3]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 4; ++r) y[(m0 + i) * n_dim + n + r] = Sum8(acc[i][r]);
+}
+constexpr int64_t kNkLanes = 8;
+constexpr int kNkRows = 2;
+#endif
+
+// y[m, lo:hi] = x[m, :] . w[lo:hi, :] for every row m.
 void NkChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k_dim,
              int64_t n_dim, int64_t lo, int64_t hi) {
   int64_t n = lo;
-#if defined(__AVX512F__)
-  if (k_dim % 16 == 0) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (k_dim % kNkLanes == 0) {
     for (; n + 4 <= hi; n += 4) {
-      const float* wr[4] = {w + n * k_dim, w + (n + 1) * k_dim, w + (n + 2) * k_dim,
-                            w + (n + 3) * k_dim};
-      for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
-        const int64_t mb = std::min<int64_t>(4, m_rows - m0);
-        __m512 acc[4][4];
-        for (int i = 0; i < 4; ++i)
-          for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < k_dim; k += 16) {
-          const __m512 v0 = _mm512_loadu_ps(wr[0] + k), v1 = _mm512_loadu_ps(wr[1] + k);
-          const __m512 v2 = _mm512_loadu_ps(wr[2] + k), v3 = _mm512_loadu_ps(wr[3] + k);
-          for (int i = 0; i < mb; ++i) {
-            const __m512 xv = _mm512_loadu_ps(x + (m0 + i) * k_dim + k);
-            acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);
-            acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);
-            acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);
-          }
-        }
-        for (int i = 0; i < mb; ++i)
-          for (int r = 0; r < 4; ++r) y[(m0 + i) * n_dim + n + r] = _mm512_reduce_add_ps(acc[i][r]);
-      }
+      int64_t m0 = 0;
+      for (; m0 + kNkRows <= m_rows; m0 += kNkRows)
+        NkTile<kNkRows>(x, w, y, k_dim, n_dim, n, m0);
+      for (; m0 < m_rows; ++m0) NkTile<1>(x, w, y, k_dim, n_dim, n, m0);
     }
   }
 #endif
@@ -77,9 +135,107 @@ void NkChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k
   }
 }
 
-// x[..., K] and w[N, K]: the rows of x, K and N, or an error.
-ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, int64_t* m_rows,
-                       int64_t* k_dim, int64_t* n_dim) {
+// ---- w[K, N] (in, out) --------------------------------------------------------------
+//
+// Columns [n, n + C) of y for rows [m0, m0 + MB), C = lanes x V registers, summed over
+// all of K; the weights of the strip are read row by row (C floats of each), with the
+// strip of the next rows of w prefetched.
+
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
+inline void VStore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec VZero() { return _mm512_setzero_ps(); }
+inline Vec VSplat(float v) { return _mm512_set1_ps(v); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
+inline void VStore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec VZero() { return _mm256_setzero_ps(); }
+inline Vec VSplat(float v) { return _mm256_set1_ps(v); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+template <int MB, int V>
+inline void KnTile(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim,
+                   int64_t n, int64_t m0) {
+  Vec acc[MB][V];
+  for (int i = 0; i < MB; ++i)
+    for (int v = 0; v < V; ++v) acc[i][v] = VZero();
+  const float* wp = w + n;
+  for (int64_t k = 0; k < k_dim; ++k, wp += n_dim) {
+    _mm_prefetch(reinterpret_cast<const char*>(wp + 8 * n_dim), _MM_HINT_T0);
+    if (V * kLanes > 16)
+      _mm_prefetch(reinterpret_cast<const char*>(wp + 8 * n_dim + 16), _MM_HINT_T0);
+    Vec wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = VLoad(wp + v * kLanes);
+    for (int i = 0; i < MB; ++i) {
+      const Vec xs = VSplat(x[(m0 + i) * k_dim + k]);
+      for (int v = 0; v < V; ++v) acc[i][v] = VFma(xs, wv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int v = 0; v < V; ++v) VStore(y + (m0 + i) * n_dim + n + v * kLanes, acc[i][v]);
+}
+
+// Every row of x against the strip of columns [n, n + V * kLanes).
+template <int V>
+inline void KnStrip(const float* x, const float* w, float* y, int64_t m_rows, int64_t k_dim,
+                    int64_t n_dim, int64_t n) {
+  // Accumulators: MB x V of the 16 (AVX2) or 32 (AVX-512) registers.
+  constexpr int kRows = kLanes == 16 ? (V <= 2 ? 8 : 4) : (V <= 2 ? 4 : 2);
+  int64_t m0 = 0;
+  for (; m0 + kRows <= m_rows; m0 += kRows) KnTile<kRows, V>(x, w, y, k_dim, n_dim, n, m0);
+  switch (m_rows - m0) {
+#define SPECJAX_KN_REST(r) \
+  case r:                  \
+    if (r < kRows) KnTile<(r < kRows ? r : 1), V>(x, w, y, k_dim, n_dim, n, m0); \
+    break;
+    SPECJAX_KN_REST(1)
+    SPECJAX_KN_REST(2)
+    SPECJAX_KN_REST(3)
+    SPECJAX_KN_REST(4)
+    SPECJAX_KN_REST(5)
+    SPECJAX_KN_REST(6)
+    SPECJAX_KN_REST(7)
+#undef SPECJAX_KN_REST
+    default:
+      break;
+  }
+}
+#endif
+
+void KnChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k_dim,
+             int64_t n_dim, int64_t lo, int64_t hi) {
+  int64_t n = lo;
+#if defined(__AVX2__) && defined(__FMA__)
+  // Wide strips read more of each weight row at once; narrow ones keep more rows of x in
+  // registers.
+  if (m_rows <= 2) {
+    for (; n + 4 * kLanes <= hi; n += 4 * kLanes) KnStrip<4>(x, w, y, m_rows, k_dim, n_dim, n);
+  }
+  for (; n + 2 * kLanes <= hi; n += 2 * kLanes) KnStrip<2>(x, w, y, m_rows, k_dim, n_dim, n);
+  for (; n + kLanes <= hi; n += kLanes) KnStrip<1>(x, w, y, m_rows, k_dim, n_dim, n);
+#endif
+  if (n >= hi) return;
+  for (int64_t m = 0; m < m_rows; ++m) {
+    float* ym = y + m * n_dim;
+    for (int64_t j = n; j < hi; ++j) ym[j] = 0.f;
+    for (int64_t k = 0; k < k_dim; ++k) {
+      const float xk = x[m * k_dim + k];
+      const float* wk = w + k * n_dim;
+      for (int64_t j = n; j < hi; ++j) ym[j] = __builtin_fmaf(xk, wk[j], ym[j]);
+    }
+  }
+}
+
+// x[..., K] and w (2-D): the rows of x, K and N, or an error. `kn`: w is [K, N].
+ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, bool kn,
+                       int64_t* m_rows, int64_t* k_dim, int64_t* n_dim) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (xd.size() < 1 || wd.size() != 2)
@@ -87,31 +243,49 @@ ffi::Error CheckShapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, int64_t
   *k_dim = xd.back();
   *m_rows = 1;
   for (size_t i = 0; i + 1 < xd.size(); ++i) *m_rows *= xd[i];
-  *n_dim = wd[0];
-  if (wd[1] != *k_dim)
+  *n_dim = kn ? wd[1] : wd[0];
+  if ((kn ? wd[0] : wd[1]) != *k_dim)
     return ffi::Error::InvalidArgument("specjax linear: contracting dimensions differ");
   if (*m_rows > kMaxRows)
     return ffi::Error::InvalidArgument("specjax linear: too many rows for the kernel");
   return ffi::Error::Success();
 }
 
-ffi::Error LinearNk(ffi::AnyBuffer x, ffi::AnyBuffer w,
-                    ffi::Result<ffi::AnyBuffer> y) {
+// Splits the N outputs into chunks of `align`-multiples, about 8 per thread.
+template <typename Body>
+void SplitColumns(int64_t n_dim, int64_t align, bool linger, Body body) {
+  const int64_t threads = specjax::SpinPool::Get().threads();
+  int64_t cols = (n_dim + 8 * threads - 1) / (8 * threads);
+  cols = std::max<int64_t>(align, (cols + align - 1) / align * align);
+  const int64_t chunks = (n_dim + cols - 1) / cols;
+  specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
+    body(c * cols, std::min(n_dim, (c + 1) * cols));
+  }, linger);
+}
+
+ffi::Error LinearNk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
   int64_t m_rows, k_dim, n_dim;
-  if (auto e = CheckShapes(x, w, &m_rows, &k_dim, &n_dim); e.failure()) return e;
+  if (auto e = CheckShapes(x, w, false, &m_rows, &k_dim, &n_dim); e.failure()) return e;
   const float* xp = x.typed_data<float>();
   const float* wp = w.typed_data<float>();
   float* yp = y->typed_data<float>();
-  const int64_t helpers = specjax::SpinPool::Get().threads() - 1;
-  int64_t rows = (n_dim + 8 * (helpers + 1) - 1) / (8 * (helpers + 1));
-  rows = std::max<int64_t>(16, (rows + 3) / 4 * 4);
-  const int64_t chunks = (n_dim + rows - 1) / rows;
-  specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
-    NkChunk(xp, wp, yp, m_rows, k_dim, n_dim, c * rows, std::min(n_dim, (c + 1) * rows));
-  }, /*linger=*/false);
+  SplitColumns(n_dim, 16, /*linger=*/n_dim * k_dim < (1 << 22), [=](int64_t lo, int64_t hi) {
+    NkChunk(xp, wp, yp, m_rows, k_dim, n_dim, lo, hi);
+  });
   return ffi::Error::Success();
 }
 
+ffi::Error LinearKn(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
+  int64_t m_rows, k_dim, n_dim;
+  if (auto e = CheckShapes(x, w, true, &m_rows, &k_dim, &n_dim); e.failure()) return e;
+  const float* xp = x.typed_data<float>();
+  const float* wp = w.typed_data<float>();
+  float* yp = y->typed_data<float>();
+  SplitColumns(n_dim, 64, /*linger=*/true, [=](int64_t lo, int64_t hi) {
+    KnChunk(xp, wp, yp, m_rows, k_dim, n_dim, lo, hi);
+  });
+  return ffi::Error::Success();
+}
 
 // The memory roofline probe: the sum of x[N] in float32, read once by every thread of the
 // pool in 64 KiB chunks (with prefetch, as the product kernels read weights). y[0] = sum.
@@ -126,20 +300,19 @@ ffi::Error StreamSum(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
     const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
     int64_t i = lo;
     float total = 0.f;
-#if defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    for (; i + 64 <= hi; i += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1024), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1040), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1056), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1072), _MM_HINT_T0);
-      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xp + i));
-      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xp + i + 16));
-      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(xp + i + 32));
-      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(xp + i + 48));
+#if defined(__AVX2__) && defined(__FMA__)
+    Vec a0 = VZero(), a1 = VZero(), a2 = VZero(), a3 = VZero();
+    for (; i + 4 * kLanes <= hi; i += 4 * kLanes) {
+      for (int p = 0; p < 4 * kLanes; p += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(xp + i + 1024 + p), _MM_HINT_T0);
+      a0 = VFma(VSplat(1.f), VLoad(xp + i), a0);
+      a1 = VFma(VSplat(1.f), VLoad(xp + i + kLanes), a1);
+      a2 = VFma(VSplat(1.f), VLoad(xp + i + 2 * kLanes), a2);
+      a3 = VFma(VSplat(1.f), VLoad(xp + i + 3 * kLanes), a3);
     }
-    total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    alignas(64) float lanes[kLanes];
+    VStore(lanes, VFma(VSplat(1.f), a0, VFma(VSplat(1.f), a1, VFma(VSplat(1.f), a2, a3))));
+    for (int l = 0; l < kLanes; ++l) total += lanes[l];
 #endif
     for (; i < hi; ++i) total += xp[i];
     pp[c] = total;
@@ -152,6 +325,9 @@ ffi::Error StreamSum(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
 
 }  // namespace
 
+// The instruction set this library was compiled for (cpu.py checks it after loading).
+extern "C" const char* specjax_isa() { return SPECJAX_ISA; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_stream_sum, StreamSum,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
@@ -161,3 +337,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_linear_nk, LinearNk,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_linear_kn, LinearKn,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());

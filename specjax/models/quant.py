@@ -9,8 +9,10 @@ blocks are 103 MB). `quantize_params` rounds any float32 tree to q8_0 instead.
 
 The Llama functions multiply through `dense` (x @ w, w a tree-layout (in, out) weight),
 `dense_rows` (x @ w.T, w [rows, in], a tied embedding head) and `take` (embedding
-rows). For arrays these are the usual jnp operations. For a BlockWeight on XLA:CPU, with
-at most `MAX_BLOCK_ROWS` rows of x, they run specjax/kernels/cpu_blocks.cc, which also
+rows). For float32 arrays these are specjax's CPU kernels where they beat XLA on this
+machine (kernels/cpu.py decides by measurement), else the usual jnp operations. For a
+BlockWeight on XLA:CPU, with at most `kernels.cpu.MAX_ROWS` rows of x, they run
+specjax/kernels/cpu_blocks.cc where it is faster than expanding the weights, which also
 rounds x to 8 bits per block (as llama.cpp does for these formats): a model in blocks
 is then a cheap approximation of its float32 self, for use as a draft
 (drafters/model.py: `quantized`). Elsewhere (other backends, long prefills) the
@@ -90,26 +92,20 @@ def is_block(x: Any) -> bool:
   return isinstance(x, BlockWeight)
 
 
-def kernel_applies(x: jax.Array) -> bool:
-  """Whether a product of x with a BlockWeight runs the 8-bit kernel (trace-time decision)."""
-  rows = int(np.prod(x.shape[:-1]))
+def kernel_applies(x: jax.Array, w: BlockWeight) -> bool:
+  """Whether a product of x with w runs a block kernel (trace-time decision, measured)."""
   return (
-    0 < rows <= cpu_kernels.MAX_BLOCK_ROWS
-    and jax.default_backend() == 'cpu'
-    and x.dtype == jnp.float32
-    and cpu_kernels.load()
+    x.dtype == jnp.float32
+    and cpu_kernels.path(w.fmt, int(w.qs.shape[0]), int(x.shape[-1]), int(np.prod(x.shape[:-1])))
+    is not None
   )
 
 
 def _rows_product(x: jax.Array, w: BlockWeight) -> jax.Array:
-  """x[..., K] @ rows[N, K].T."""
-  if kernel_applies(x):
-    call = jax.ffi.ffi_call(
-      cpu_kernels.BLOCK_TARGETS[w.fmt],
-      jax.ShapeDtypeStruct((*x.shape[:-1], w.qs.shape[0]), jnp.float32),
-      vmap_method='sequential',
-    )
-    return call(x, w.qs, w.d, w.m)
+  """x[..., K] @ rows[N, K].T: the block kernel where it beats XLA, else expanded weights."""
+  out = cpu_kernels.blocks_product(w.fmt, x, w.qs, w.d, w.m)
+  if out is not None:
+    return out
   return jnp.einsum('...K,NK->...N', x.astype(jnp.float32), w.expand_rows())
 
 
@@ -119,7 +115,7 @@ def dense(x: jax.Array, w: Any) -> jax.Array:
     if not w.transposed:
       raise ValueError('dense() needs an (in, out) weight; dense_rows() takes an embedding')
     return _rows_product(x, w)
-  return x @ w
+  return cpu_kernels.dense_product(x, w)
 
 
 def dense_rows(x: jax.Array, w: Any) -> jax.Array:
