@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 # one-prompt run, since one short chat answer rarely is that place.
 WHERE_IT_PAYS = (
   'where it pays: code edits, whose answers copy much of the prompt (prompt lookup: '
-  '1.7-1.9x on this 2-core CPU):\n  python -m specjax.run --config configs/smollm2.py '
+  '1.7-1.9x on a 2-core AMD EPYC with AVX-512, BENCHMARKS.md):\n'
+  '  python -m specjax.run --config configs/smollm2.py '
   '--config.prompts=code_edit --config.num_prompts=4 --config.drafts="(\'ngram\',)" '
   '--config.gammas="(8,)"'
 )
@@ -41,6 +42,25 @@ def reason(m: Mapping) -> str:
     f'{calls:.2f} tokens per target call did not cover the cost of drafting and of '
     f'verifying {m.get("gamma") or "several"} tokens per call on this CPU'
   )
+
+
+def machine_line() -> str:
+  """Which CPU the figures above were measured on, its ISA flags and the kernel paths."""
+  from specjax.kernels import cpu  # noqa: PLC0415
+
+  about = cpu.describe()
+  used = [r.get('use') for r in about['products'].values()]
+  on_kernel = [u for u in used if u and u != 'xla']
+  if about['kernels_requested'] == 'xla':
+    paths = 'XLA products throughout (switched off)'
+  elif not used:
+    paths = 'XLA products throughout'
+  else:
+    paths = (
+      f'{on_kernel[0] if on_kernel else "no"} kernels for {len(on_kernel)} of {len(used)} '
+      'product shapes, XLA for the rest (measured on this CPU)'
+    )
+  return f'measured on: {about["cpu"] or "an unnamed CPU"} ({about["isa_flags"]}); {paths}'
 
 
 def lines(summary: Mapping, records: Mapping[str, Sequence[Mapping]], method: str) -> list[str]:
@@ -73,4 +93,5 @@ def lines(summary: Mapping, records: Mapping[str, Sequence[Mapping]], method: st
     out.append(f'speculation {verdict} on this prompt: {reason(m)}')
   out.append(WHERE_IT_PAYS)
   out.append('every draft, the cost model and the full table: add --config.quick=False')
+  out.append(machine_line())
   return out

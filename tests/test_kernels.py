@@ -106,11 +106,14 @@ def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
   assert cpu.path('nk', 4096, 576, 1) is None
   # Decisions are kept on disk beside the library and read back without timing again.
   saved = json.loads(next(fresh.glob('dispatch-*.json')).read_text())
-  assert saved['kn 1536x576 rows=2']['use'] == isa and saved['kn 1536x576 rows=3']['use'] == 'xla'
+  assert saved['kn 1536x576 rows<=2']['use'] == isa and saved['kn 1536x576 rows<=3']['use'] == 'xla'
   cpu._state['decisions'] = {}  # a new process
   monkeypatch.setattr(cpu, '_time_both', lambda *a: pytest.fail('timed a decided product'))
   assert cpu.path('kn', 1536, 576, 2) == isa and cpu.path('kn', 1536, 576, 3) is None
-  assert set(cpu.decisions()) >= {'kn 1536x576 rows=2', 'kn 1536x576 rows=3'}
+  assert set(cpu.decisions()) >= {'kn 1536x576 rows<=2', 'kn 1536x576 rows<=3'}
+  timings['next'] = (1e-4, 2e-4)
+  monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: timings['next'])
+  assert cpu.path('kn', 1536, 576, 7) == isa and 'kn 1536x576 rows<=9' in cpu.decisions()
   # Tiny products and long prefills stay with XLA without timing.
   assert cpu.path('kn', 64, 96, 2) is None and cpu.path('kn', 1536, 576, 65) is None
 

@@ -53,11 +53,21 @@ def versions(packages=PACKAGES) -> dict[str, str]:
 
 
 def provenance() -> dict:
-  """{'commit', 'date' (UTC, ISO), 'machine', 'python', 'packages': {name: version}}."""
+  """{'commit', 'date' (UTC, ISO), 'machine', 'cpu' (model, ISA flags, kernel paths),
+  'python', 'packages': {name: version}}."""
   return {
     'commit': git_commit(),
     'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
     'machine': machine(),
+    'cpu': kernels(),
     'python': platform.python_version(),
     'packages': versions(),
   }
+
+
+def kernels() -> dict:
+  """The CPU's model and ISA flags, and the kernel path chosen for each product so far
+  (specjax.kernels.cpu.describe)."""
+  from specjax.kernels import cpu  # noqa: PLC0415 - jax is imported only when asked
+
+  return cpu.describe()

@@ -20,7 +20,9 @@ sources are compiled once per machine and instruction set with the system C++ co
 
 Which runs is decided by measurement: the first time a product of a shape and a row
 count is traced, the kernel of the best instruction set this CPU has and XLA's product
-are timed on it (interleaved, the median of a few calls each) and the faster is kept;
+are timed on it (interleaved, the median of a few calls each, every weight streamed from
+memory as in a forward; row counts in buckets 1, 2, 3, 4-5, 6-9, 10-16, 17-32, 33-64,
+timed at the largest) and the faster is kept;
 decisions are stored beside the library, under a key of the CPU's model and features,
 the compiler flags and the sources (`decisions()` lists them, `python -m specjax.kernels
 --measure` redoes them). Switches:
@@ -264,7 +266,7 @@ def status() -> str:
 
 
 def _decisions_path(isa: str) -> pathlib.Path:
-  optimised = not getattr(jax.config, 'jax_disable_most_optimizations', False)
+  optimised = not jax.config.read('jax_disable_most_optimizations')
   tag = '' if optimised else '-unoptimised'
   return _cache_dir() / f'dispatch-{isa}-{library_key(isa)}{tag}.json'
 
@@ -291,7 +293,7 @@ def _save(isa: str) -> None:
     pass
 
 
-def _time_both(kernel, xla, args, calls: int = 5, rounds: int = 5) -> tuple[float, float]:
+def _time_both(kernel, xla, args, calls: int = 2, rounds: int = 5) -> tuple[float, float]:
   """Median seconds per call of two jitted functions on `args`, interleaved round by round."""
   for f in (kernel, xla):
     jax.block_until_ready(f(*args))
@@ -305,44 +307,71 @@ def _time_both(kernel, xla, args, calls: int = 5, rounds: int = 5) -> tuple[floa
   return float(np.median(times[0])), float(np.median(times[1]))
 
 
-def _operands(kind: str, n: int, k: int, rows: int):
+STREAM_BYTES = 64 << 20  # weights a timing streams through: more than most CPUs' last cache
+BUCKETS = (1, 2, 3, 5, 9, 16, 32, 64)  # rows are decided by the bucket's largest count
+
+
+def _operands(kind: str, n: int, k: int, rows: int, copies: int = 1):
+  """x[rows, k] and `copies` distinct weights of the kind's layout (each a tuple of arrays:
+  (w,) or (qs, d, m)), separate buffers as a model's layers are."""
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((rows, k), np.float32))
-  if kind == 'nk':
-    return x, jnp.asarray(rng.standard_normal((n, k), np.float32) * 0.05)
-  if kind == 'kn':
-    return x, jnp.asarray(rng.standard_normal((k, n), np.float32) * 0.05)
-  width = 16 if kind == 'q4_1' else 32
-  qs = jnp.asarray(rng.integers(0, 256, (n, k // 32, width), dtype=np.uint8))
-  d = jnp.asarray(rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float32))
-  m = jnp.asarray(rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float32))
-  m = m if kind == 'q4_1' else jnp.zeros_like(d)
-  return x, qs, d, m
+  weights = []
+  for _ in range(copies):
+    if kind in ('nk', 'kn'):
+      shape = (n, k) if kind == 'nk' else (k, n)
+      weights.append((jnp.asarray(rng.standard_normal(shape, np.float32) * 0.05),))
+      continue
+    width = 16 if kind == 'q4_1' else 32
+    qs = jnp.asarray(rng.integers(0, 256, (n, k // 32, width), dtype=np.uint8))
+    d = jnp.asarray(rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float32))
+    m = jnp.asarray(rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float32))
+    weights.append((qs, d, m if kind == 'q4_1' else jnp.zeros_like(m)))
+  return x, weights
+
+
+def _chain(product):
+  """f(x, weights): the product with each weight in turn, each input depending on the
+  previous output (as a forward's layers do), so every weight is read from memory."""
+
+  def run(x, weights):
+    total = jnp.zeros((), jnp.float32)
+    for w in weights:
+      total = total + product(x, *w)[0, 0]
+      x = x + 1e-30 * total  # a dependency, numerically nothing
+    return total
+
+  return jax.jit(run)
 
 
 def measure(kind: str, n: int, k: int, rows: int, isa: str) -> dict:
-  """Times the `isa` kernel and XLA's product for one shape: {'kernel_us', 'xla_us'}."""
-  args = _operands(kind, n, k, rows)
-  kernel = jax.jit(lambda *a: _call(kind, isa, *a))
-  xla = jax.jit(lambda *a: _xla_product(kind, *a))
+  """Times the `isa` kernel and XLA's product for one shape, each streaming its weights
+  from memory as a forward does (copies of the weight, STREAM_BYTES in all):
+  {'kernel_us', 'xla_us'} per product."""
+  per_weight = 4 if kind in ('nk', 'kn') else (20 / 32 if kind == 'q4_1' else 36 / 32)
+  copies = int(min(32, max(1, STREAM_BYTES // max(1, n * k * per_weight))))
+  args = _operands(kind, n, k, rows, copies)
+  kernel = _chain(lambda *a: _call(kind, isa, *a))
+  xla = _chain(lambda *a: _xla_product(kind, *a))
   t_kernel, t_xla = _time_both(kernel, xla, args)
-  return {'kernel_us': round(t_kernel * 1e6, 1), 'xla_us': round(t_xla * 1e6, 1)}
+  return {'kernel_us': round(t_kernel / copies * 1e6, 1), 'xla_us': round(t_xla / copies * 1e6, 1)}
 
 
 def path(kind: str, n: int, k: int, rows: int) -> str | None:
   """The instruction set whose kernel runs this product, or None for XLA's (trace time)."""
   if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
     return None
-  if requested() == 'auto' and (rows > MAX_ROWS or (kind in ('nk', 'kn') and n * k < MIN_WEIGHTS)):
+  if requested() == 'auto' and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
     return None
   with _lock:
     isa = best_isa()
     if isa is None or requested() != 'auto':
       return isa
     table = _decisions(isa)
-    key = f'{kind} {n}x{k} rows={rows}'
+    bucket = next(b for b in BUCKETS if b >= rows)
+    key = f'{kind} {n}x{k} rows<={bucket}'
     if key not in table:
-      record = measure(kind, n, k, rows, isa)
+      record = measure(kind, n, k, bucket, isa)
       record['use'] = isa if record['kernel_us'] < record['xla_us'] else 'xla'
       table[key] = record
       _save(isa)
@@ -361,13 +390,18 @@ def decisions() -> dict:
 
 
 def describe() -> dict:
-  """This CPU and the kernel paths in use: what every run's provenance records."""
-  info = cpu_info()
+  """This CPU and the kernel paths in use so far (nothing is compiled or timed for it):
+  what every run's provenance records."""
+  try:
+    want = requested()
+  except ValueError as e:
+    want = str(e)
+  loaded = [isa for isa, lib in _state.get('libs', {}).items() if lib is not None]
   return {
-    'cpu': info['model'],
+    'cpu': cpu_info()['model'],
     'isa_flags': isa_flags(),
-    'kernels_requested': requested(),
-    'kernel_isa': best_isa() if requested() != 'xla' else None,
+    'kernels_requested': want,
+    'kernel_libraries': loaded,
     'kernel_status': status(),
     'products': decisions(),
   }

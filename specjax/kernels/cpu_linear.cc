@@ -137,9 +137,10 @@ void NkChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k
 
 // ---- w[K, N] (in, out) --------------------------------------------------------------
 //
-// Columns [n, n + C) of y for rows [m0, m0 + MB), C = lanes x V registers, summed over
-// all of K; the weights of the strip are read row by row (C floats of each), with the
-// strip of the next rows of w prefetched.
+// Each thread takes a range of columns and walks the rows of w in order, four at a time,
+// adding x[m, k..k+3] times those rows into y[m, lo:hi] (which stays in L1): every weight
+// row is read as one contiguous segment, so the weights stream from memory as a
+// one-row product's do. Each output sums over k in order: deterministic.
 
 #if defined(__AVX512F__)
 using Vec = __m512;
@@ -159,76 +160,56 @@ inline Vec VSplat(float v) { return _mm256_set1_ps(v); }
 inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__)
-template <int MB, int V>
-inline void KnTile(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim,
-                   int64_t n, int64_t m0) {
-  Vec acc[MB][V];
-  for (int i = 0; i < MB; ++i)
-    for (int v = 0; v < V; ++v) acc[i][v] = VZero();
-  const float* wp = w + n;
-  for (int64_t k = 0; k < k_dim; ++k, wp += n_dim) {
-    _mm_prefetch(reinterpret_cast<const char*>(wp + 8 * n_dim), _MM_HINT_T0);
-    if (V * kLanes > 16)
-      _mm_prefetch(reinterpret_cast<const char*>(wp + 8 * n_dim + 16), _MM_HINT_T0);
-    Vec wv[V];
-    for (int v = 0; v < V; ++v) wv[v] = VLoad(wp + v * kLanes);
-    for (int i = 0; i < MB; ++i) {
-      const Vec xs = VSplat(x[(m0 + i) * k_dim + k]);
-      for (int v = 0; v < V; ++v) acc[i][v] = VFma(xs, wv[v], acc[i][v]);
-    }
-  }
-  for (int i = 0; i < MB; ++i)
-    for (int v = 0; v < V; ++v) VStore(y + (m0 + i) * n_dim + n + v * kLanes, acc[i][v]);
-}
-
-// Every row of x against the strip of columns [n, n + V * kLanes).
-template <int V>
-inline void KnStrip(const float* x, const float* w, float* y, int64_t m_rows, int64_t k_dim,
-                    int64_t n_dim, int64_t n) {
-  // Accumulators: MB x V of the 16 (AVX2) or 32 (AVX-512) registers.
-  constexpr int kRows = kLanes == 16 ? (V <= 2 ? 8 : 4) : (V <= 2 ? 4 : 2);
-  int64_t m0 = 0;
-  for (; m0 + kRows <= m_rows; m0 += kRows) KnTile<kRows, V>(x, w, y, k_dim, n_dim, n, m0);
-  switch (m_rows - m0) {
-#define SPECJAX_KN_REST(r) \
-  case r:                  \
-    if (r < kRows) KnTile<(r < kRows ? r : 1), V>(x, w, y, k_dim, n_dim, n, m0); \
-    break;
-    SPECJAX_KN_REST(1)
-    SPECJAX_KN_REST(2)
-    SPECJAX_KN_REST(3)
-    SPECJAX_KN_REST(4)
-    SPECJAX_KN_REST(5)
-    SPECJAX_KN_REST(6)
-    SPECJAX_KN_REST(7)
-#undef SPECJAX_KN_REST
-    default:
-      break;
-  }
-}
-#endif
-
 void KnChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k_dim,
              int64_t n_dim, int64_t lo, int64_t hi) {
-  int64_t n = lo;
+  for (int64_t m = 0; m < m_rows; ++m)
+    for (int64_t j = lo; j < hi; ++j) y[m * n_dim + j] = 0.f;
+  int64_t k = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  // Wide strips read more of each weight row at once; narrow ones keep more rows of x in
-  // registers.
-  if (m_rows <= 2) {
-    for (; n + 4 * kLanes <= hi; n += 4 * kLanes) KnStrip<4>(x, w, y, m_rows, k_dim, n_dim, n);
+  const int64_t vec_hi = lo + (hi - lo) / kLanes * kLanes;
+  for (; k + 4 <= k_dim; k += 4) {
+    const float* w0 = w + k * n_dim;
+    const float* w1 = w0 + n_dim;
+    const float* w2 = w1 + n_dim;
+    const float* w3 = w2 + n_dim;
+    if (k + 8 < k_dim) {  // the rows after next
+      for (int64_t j = lo; j < hi; j += 16) {
+        for (int r = 8; r < 12; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(w0 + r * n_dim + j), _MM_HINT_T0);
+      }
+    }
+    for (int64_t j = lo; j < vec_hi; j += kLanes) {
+      const Vec v0 = VLoad(w0 + j), v1 = VLoad(w1 + j), v2 = VLoad(w2 + j), v3 = VLoad(w3 + j);
+      for (int64_t m = 0; m < m_rows; ++m) {
+        const float* xm = x + m * k_dim + k;
+        float* ym = y + m * n_dim + j;
+        Vec acc = VLoad(ym);
+        acc = VFma(VSplat(xm[0]), v0, acc);
+        acc = VFma(VSplat(xm[1]), v1, acc);
+        acc = VFma(VSplat(xm[2]), v2, acc);
+        acc = VFma(VSplat(xm[3]), v3, acc);
+        VStore(ym, acc);
+      }
+    }
+    for (int64_t j = vec_hi; j < hi; ++j) {
+      for (int64_t m = 0; m < m_rows; ++m) {
+        const float* xm = x + m * k_dim + k;
+        float acc = y[m * n_dim + j];
+        acc = __builtin_fmaf(xm[0], w0[j], acc);
+        acc = __builtin_fmaf(xm[1], w1[j], acc);
+        acc = __builtin_fmaf(xm[2], w2[j], acc);
+        acc = __builtin_fmaf(xm[3], w3[j], acc);
+        y[m * n_dim + j] = acc;
+      }
+    }
   }
-  for (; n + 2 * kLanes <= hi; n += 2 * kLanes) KnStrip<2>(x, w, y, m_rows, k_dim, n_dim, n);
-  for (; n + kLanes <= hi; n += kLanes) KnStrip<1>(x, w, y, m_rows, k_dim, n_dim, n);
 #endif
-  if (n >= hi) return;
-  for (int64_t m = 0; m < m_rows; ++m) {
-    float* ym = y + m * n_dim;
-    for (int64_t j = n; j < hi; ++j) ym[j] = 0.f;
-    for (int64_t k = 0; k < k_dim; ++k) {
+  for (; k < k_dim; ++k) {
+    const float* wk = w + k * n_dim;
+    for (int64_t m = 0; m < m_rows; ++m) {
       const float xk = x[m * k_dim + k];
-      const float* wk = w + k * n_dim;
-      for (int64_t j = n; j < hi; ++j) ym[j] = __builtin_fmaf(xk, wk[j], ym[j]);
+      float* ym = y + m * n_dim;
+      for (int64_t j = lo; j < hi; ++j) ym[j] = __builtin_fmaf(xk, wk[j], ym[j]);
     }
   }
 }
@@ -281,7 +262,9 @@ ffi::Error LinearKn(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuff
   const float* xp = x.typed_data<float>();
   const float* wp = w.typed_data<float>();
   float* yp = y->typed_data<float>();
-  SplitColumns(n_dim, 64, /*linger=*/true, [=](int64_t lo, int64_t hi) {
+  const int64_t threads = specjax::SpinPool::Get().threads();
+  const int64_t cols = std::max<int64_t>(64, (n_dim / (2 * threads) + 15) / 16 * 16);
+  SplitColumns(n_dim, cols, /*linger=*/true, [=](int64_t lo, int64_t hi) {
     KnChunk(xp, wp, yp, m_rows, k_dim, n_dim, lo, hi);
   });
   return ffi::Error::Success();
