@@ -69,8 +69,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.drafts = (*c.drafts, LAYER_SKIP)
   c.verifier = 'greedy' if not args.tiny else 'rejection'  # rejection, block, or greedy
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,) if args.tiny else (2, 4)
-  # Adaptive control (gamma chosen every iteration among 0 and these) needs the measured
-  # costs: --config.adaptive_gammas='(1, 2, 4)' --config.measure_costs=True.
+  # Adaptive control (gamma chosen every iteration among 0 and these, from its drafts'
+  # costs, always timed before decoding): --config.adaptive_gammas='(1, 2, 4)'.
   c.adaptive_gammas = ()
   c.trees = ()
   c.adaptive_trees = ()

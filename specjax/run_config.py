@@ -47,7 +47,7 @@ FIELDS = {
   'adaptive_trees': 'static tree shapes adaptive control also chooses from (e.g. 4x2x1)',
   'trees': 'token trees every draft also runs (dynamic:SIZE-DEPTH-WIDTH, or a shape like 4x2x1)',
   'methods': 'a comma-separated subset of the methods, or others in the same syntax',
-  'measure_costs': 'time draft and verify steps before decoding',
+  'measure_costs': 'time draft and verify steps before decoding (adaptive methods always do)',
   'quick': 'one --config.prompt: autoregressive and quick_method only, a short verdict',
   'quick_method': 'the speculative method a quick one-prompt run compares (e.g. ngram@2)',
 }
@@ -238,7 +238,8 @@ def parse_method(text: str) -> MethodName:
 
 def is_quick(config) -> bool:
   """A one-prompt question (config.prompt, config.quick, no config.methods): answered with
-  autoregressive decoding and config.quick_method, without the cost measurement."""
+  autoregressive decoding and config.quick_method, without the cost measurement (unless
+  that method is adaptive: its controller needs the costs)."""
   return bool(config.prompt and config.quick and not config.methods)
 
 

@@ -145,6 +145,42 @@ def measure_costs(config, engines, methods, cache_size: int, say) -> dict:
   return costs
 
 
+def catch_up_cost(drafter, costs) -> float:
+  """What adaptive control charges per skipped token a draft feeds when it drafts again
+  (target steps): a draft with state of its own to catch up on (one whose `resyncing`
+  variant is another drafter: draft models, feature heads) is charged a draft step per
+  token, c, what feeding them one at a time costs (a chunk is usually cheaper per token);
+  prompt lookup nothing."""
+  return round(costs.c, 4) if drafter.resyncing(1) is not drafter else 0.0
+
+
+def skip_hopeless(config, engines, methods, costs, say) -> list:
+  """Drops the fixed-gamma methods of drafts whose measured costs cannot pay at any gamma
+  (even if every draft token were accepted; a draft token costing a target step or more
+  never pays), saying so in one line per draft; config.methods keeps what it names. The
+  draft's adaptive method stays (its controller never turns on)."""
+  out = list(methods)
+  for spec, c in costs.items():
+    trees = adaptive_trees_of(config, engines[spec], methods, spec)
+    best = AdaptiveConfig.from_costs(c, trees=trees).ceiling
+    if best > 1 and c.c < 1:
+      continue
+    fixed = [m for m in methods if m.draft == spec and m.gamma]
+    line = (
+      f'{spec} cannot pay on this machine: c = {c.c:.2f} target steps per draft token, at '
+      f'best {best:.2f}x autoregressive even if every draft token were accepted'
+    )
+    if fixed and config.methods:
+      line += f'; running {", ".join(m.name for m in fixed)} as config.methods names them'
+    elif fixed:
+      line += f'; skipping {", ".join(m.name for m in fixed)}'
+      out = [m for m in out if m not in fixed]
+    if any(m.draft == spec and m.adaptive for m in methods):
+      line += f' ({spec}@adaptive stays off)'
+    say(line)
+  return out
+
+
 def load_workload(config) -> list[prompts_lib.Prompt]:
   if config.prompt:
     return [prompts_lib.Prompt(id='prompt', text=config.prompt, category='prompt')]
@@ -290,17 +326,21 @@ def main(
   check_cache_fits(config, workload, encoded, model.tokenizer)
   cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
   quick = run_config.is_quick(config)  # one question: no cost measurement, a short verdict
-  measure = config.measure_costs and not quick
-  costs = measure_costs(config, engines, methods, cache_size, say) if measure else {}
+  # Adaptive control needs its drafts' costs even where the run measures none.
+  timed = {m.draft for m in methods if m.adaptive}
+  if config.measure_costs and not quick:
+    timed |= {m.draft for m in methods}
+  timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
+  costs = measure_costs(config, timed, methods, cache_size, say) if len(timed) > 1 else {}
   adaptive = {}
   for m in (m for m in methods if m.adaptive):
-    trees = trees_of[m.name]
-    if m.draft in costs:
-      adaptive[m.name] = AdaptiveConfig.from_costs(
-        costs[m.draft], config.adaptive_gammas, trees=trees
-      )
-    else:
-      adaptive[m.name] = AdaptiveConfig(gammas=config.adaptive_gammas, trees=trees)
+    adaptive[m.name] = AdaptiveConfig.from_costs(
+      costs[m.draft],
+      config.adaptive_gammas,
+      trees=trees_of[m.name],
+      catch_up_cost=catch_up_cost(engines[m.draft].drafter, costs[m.draft]),
+    )
+  methods = skip_hopeless(config, engines, methods, costs, say)
   records, compile_seconds, inputs = decode_all(
     config, engines, methods, workload, encoded, model.tokenizer, adaptive, say
   )

@@ -60,6 +60,50 @@ def test_a_draft_that_never_pays_stays_off():
   assert np.mean(gammas[50:] == 0) > 0.9  # even alpha 0.9 cannot pay for a draft this slow
 
 
+# A draft four times as dear as a target step per token (the quantized self-draft on a CPU
+# whose 8-bit kernels fall back: c = 3.87), feeding skipped tokens at the same price.
+DEAR = dict(
+  gammas=(1, 2, 4), draft_cost=(4.0, 8.0, 16.0), verify_cost=(1.05, 1.1, 1.2), catch_up_cost=4.0
+)
+
+
+def test_a_draft_dearer_than_a_target_step_never_turns_on():
+  """Even accepting 99% of its tokens, a draft with c = 4 cannot pay: no start on it, no
+  probes (a probe that keeps every token still costs 5 steps for 2 tokens)."""
+  config = adaptive.AdaptiveConfig(**DEAR)
+  assert not config.can_pay and config.ceiling < 1
+  for seed in range(2):
+    gammas, ctrl = run(config, [(0.99, 2000)], seed)
+    assert np.all(gammas == 0) and int(ctrl.switches) == 0
+  # A free catch-up does not rescue it, and a prior sure of every token does not start it.
+  for more in (dict(catch_up_cost=0.0), dict(prior_alpha=1.0, probe_every=1)):
+    gammas, _ = run(dataclasses.replace(config, **more), [(1.0, 500)])
+    assert np.all(gammas == 0)
+
+
+def test_turning_on_pays_the_catch_up():
+  """Between plain steps a draft model falls behind and catches up when it drafts again.
+  Charged: at alpha 0.7 a draft that pays in step (2.19 tokens for 1.7 steps, 1.29x) is
+  not turned on (0.995x with a catch-up of 0.5 per iteration) but, once on, kept on; one
+  that could not pay its catch-up even at alpha 1 is never probed."""
+  import jax.numpy as jnp
+
+  base = dict(gammas=(2,), draft_cost=(0.6,), verify_cost=(1.1,))
+  free = adaptive.AdaptiveConfig(**base)
+  charged = adaptive.AdaptiveConfig(**base, catch_up_cost=0.5)
+  hopeless = adaptive.AdaptiveConfig(**base, catch_up_cost=1.2)
+  assert free.can_pay and charged.can_pay and not hopeless.can_pay
+  a = jnp.full((2, 1), 0.7)
+  assert int(adaptive._decide(free, 0, a)) == 1
+  assert int(adaptive._decide(charged, 0, a)) == 0
+  assert int(adaptive._decide(charged, 1, a)) == 1
+  for seed in range(2):
+    gammas, _ = run(charged, [(0.95, 500)], seed)
+    assert np.mean(gammas[100:] > 0) > 0.9  # 2.85 tokens for 2.2 steps with the catch-up
+    gammas, _ = run(hopeless, [(0.95, 500)], seed)
+    assert np.all(gammas == 0)
+
+
 def test_bad_settings_are_named():
   with pytest.raises(ValueError, match='increasing integers >= 1'):
     adaptive.AdaptiveConfig(gammas=(2, 1))
@@ -225,6 +269,38 @@ def test_the_draft_cache_catches_up_after_plain_steps(target):
   assert all(a == d for a, d in tried), tried
 
 
+def iteration_speedup(out, config, row):
+  """Tokens of `row` over the cost of the iterations that made them, in target steps: 1 per
+  plain step; a speculative iteration's draft and verify costs, and the catch-up of the
+  plain steps since the draft last ran (config.catch_up_cost each). The first token comes
+  from the prefill, in every method."""
+  cost, behind = 0.0, 0
+  by_gamma = dict(zip(config.gammas, zip(config.draft_cost, config.verify_cost)))
+  for drafted in out.drafted[row]:
+    if drafted == 0:
+      cost, behind = cost + 1, behind + 1
+      continue
+    draft, verify = by_gamma[drafted]
+    cost, behind = cost + draft + verify + config.catch_up_cost * behind, 0
+  return (len(out.tokens[row]) - 1) / cost
+
+
+def test_a_dear_draft_in_the_loop_stays_near_autoregressive_speed(target):
+  """The jitted loop under adaptive control over the target itself as its own draft (every
+  token accepted, so acceptance cannot save it) at simulated costs of c = 4: counted in
+  iterations, at least 0.97x autoregressive decoding on every row. The same loop with a
+  cheap draft (c = 0.1) turns on and pays."""
+  cfg, params = target
+  engine = engine_with(target, ModelDrafter(cfg), params)
+  dear = adaptive.AdaptiveConfig(**DEAR)
+  cheap = adaptive.AdaptiveConfig(**COSTS, catch_up_cost=0.1)
+  for config, low, high in ((dear, 0.97, 1.0), (cheap, 1.5, None)):
+    out = engine.generate(PROMPTS, 80, adaptive=config)
+    for row in range(len(PROMPTS)):
+      speedup = iteration_speedup(out, config, row)
+      assert speedup >= low and (high is None or speedup <= high), (row, speedup, out.drafted)
+
+
 def test_control_carries_over_between_batches(target):
   cfg, params = target
   engine = engine_with(target, ModelDrafter(cfg), params)
@@ -299,8 +375,12 @@ def test_adaptive_trees_greedy_equals_target_greedy(target, name):
   engine = engine_with(target, *drafts(target)[name])
   reference = engine.generate(PROMPTS, 40).tokens
   drafted = set()
-  # The second starts on the tree: its prior thinks every draft token is accepted.
-  for config in (WITH_TREES, dataclasses.replace(WITH_TREES, prior_alpha=1.0, start_on=True)):
+  # The second starts on the tree: its prior thinks every draft token is accepted, and the
+  # tree's 4 tokens at a cost of 1.4 then beat the chain's 3 at 1.3.
+  starts_on_tree = dataclasses.replace(
+    WITH_TREES, prior_alpha=1.0, start_on=True, tree_draft_cost=(0.2,)
+  )
+  for config in (WITH_TREES, starts_on_tree):
     out = engine.generate(PROMPTS, 40, adaptive=config, verifier='greedy')
     assert out.tokens == reference
     drafted |= {d for row in out.drafted for d in row}
@@ -357,3 +437,63 @@ def test_adaptive_trees_are_refused_where_they_cannot_run(target):
   drafter, small = drafts(target)['random tiny model']
   with pytest.raises(ValueError, match='block verification is proved for chains only'):
     engine_with(target, drafter, small).method(verifier='block', adaptive=WITH_TREES)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: a draft that cannot pay on this machine.
+
+
+def fake_costs(c):
+  """Measured costs of a draft at c target steps per draft token (a target step of 10 ms)."""
+  gammas = (1, 2, 4)
+  return cost_model.Costs(
+    1, 64, 10.0, {g: 10.0 * c * g for g in gammas}, {g: 10.0 + g for g in gammas}
+  )
+
+
+def test_a_run_skips_the_fixed_gammas_of_a_draft_that_cannot_pay(tmp_path, monkeypatch, capsys):
+  """Costs that no acceptance can pay (c = 4) are said in one line before decoding; the
+  draft's fixed-gamma methods are skipped, its adaptive method runs and never drafts."""
+  import json
+
+  from specjax import config_lib, run_config, run_lib
+
+  measured = {'ngram': fake_costs(0.01), 'truncated:1': fake_costs(4.0)}
+  monkeypatch.setattr(
+    run_lib, 'measure_costs', lambda config, engines, *a: {s: measured[s] for s in engines if s}
+  )
+  config = config_lib.load_config('smollm2.py', 'tiny')
+  config.update(num_prompts=1)
+  summary = run_lib.main(config, str(tmp_path), verbose=True)
+  lines = [l for l in capsys.readouterr().out.splitlines() if 'cannot pay' in l]
+  assert lines == [
+    'truncated:1 cannot pay on this machine: c = 4.00 target steps per draft token, at best '
+    '0.39x autoregressive even if every draft token were accepted; skipping truncated:1@4 '
+    '(truncated:1@adaptive stays off)'
+  ]
+  assert list(summary['methods']) == [
+    'autoregressive',
+    'ngram@4',
+    'ngram@adaptive',
+    'truncated:1@adaptive',
+  ]
+  records = [json.loads(l) for l in (tmp_path / 'generations.jsonl').read_text().splitlines()]
+  off = [r['drafted'] for r in records if r['method'] == 'truncated:1@adaptive']
+  assert off and all(d == 0 for row in off for d in row)
+
+  # Named in config.methods, they run, and the line says so.
+  config.methods = 'truncated:1@4,truncated:1@adaptive'
+  methods, said = run_config.build_methods(config), []
+  costs = {'truncated:1': measured['truncated:1']}
+  assert (
+    run_lib.skip_hopeless(config, {'truncated:1': None}, methods, costs, said.append) == methods
+  )
+  assert len(said) == 1 and said[0].endswith(
+    'running truncated:1@4 as config.methods names them (truncated:1@adaptive stays off)'
+  )
+  # A draft that pays at some gamma is not named.
+  costs = {'truncated:1': fake_costs(0.5)}  # gamma 1: 2 tokens for 1.6 steps
+  assert (
+    run_lib.skip_hopeless(config, {'truncated:1': None}, methods, costs, said.append) == methods
+  )
+  assert len(said) == 1

@@ -22,8 +22,15 @@ by that margin, and back on only when one does, so estimates near break-even do 
 While off, nothing is learned, so after `probe_every` plain steps the controller runs
 one speculative iteration with the setting it predicts best (a probe: the setting it
 would turn back on with, so the evidence is the evidence that matters); each probe that leaves
-it off doubles the wait before the next (up to `probe_every * probe_backoff` steps), so a
-draft that never pays costs little more than plain decoding. While a chain runs, ranks
+it off doubles the wait before the next (up to `probe_every * probe_backoff` steps) unless it
+paid for itself, so a draft that never pays costs little more than plain decoding. A draft
+whose costs cannot beat plain decoding by the margin even if every draft token were
+accepted (`AdaptiveConfig.can_pay`: a chain of gamma emits at most gamma + 1 tokens, so a
+draft token costing a target step or more never pays) starts off and is never probed.
+A draft with a cache of its own skips plain steps and catches up on them when it drafts
+again (specjax/drafters/model.py); the controller charges that as `catch_up_cost` per
+iteration on turning on (a catch-up of L skipped tokens spread over as many iterations),
+in its turn-on decisions, its probes and `can_pay`. While a chain runs, ranks
 past 0 are never seen, so every `explore_every` iterations the largest tree runs once
 (a tree probe) to keep their estimates honest. Everything is jnp code inside the jitted
 loop: no host decision. The loop (specjax/decode/loop.py) runs each setting's ordinary
@@ -53,6 +60,9 @@ class AdaptiveConfig:
     `specjax.bench.costs.measure`); the defaults describe a free draft.
   tree_draft_cost, tree_verify_cost: the same per tree; the default verification cost
     1 + 0.05 N for N nodes is this 2-core CPU's measured slope (BENCHMARKS.md).
+  catch_up_cost: what feeding one skipped token costs a draft with a cache of its own
+    (target steps; 0: a draft that never lags, such as prompt lookup). Turning on after
+    L plain steps costs L of them, charged as one per iteration (see the module docstring).
   """
 
   gammas: tuple[int, ...] = (1, 2, 4)
@@ -70,7 +80,8 @@ class AdaptiveConfig:
   probe_backoff: int = 8  # the wait between probes grows up to probe_every * probe_backoff
   probe_largest: bool = False  # probe with the largest gamma, not the best predicted setting
   explore_every: int = 32  # while on a chain, run the largest tree once this often (0: never)
-  start_on: bool = True  # start at the best predicted setting under the prior (else off)
+  start_on: bool = True  # start at the best predicted setting where it beats off by the margin
+  catch_up_cost: float = 0.0
 
   def __post_init__(self):
     gammas = tuple(self.gammas)
@@ -117,6 +128,8 @@ class AdaptiveConfig:
       raise ValueError('adaptive hysteresis must be >= 0, probe_every and probe_backoff >= 1')
     if self.explore_every < 0:
       raise ValueError(f'adaptive explore_every must be >= 0, got {self.explore_every}')
+    if self.catch_up_cost < 0:
+      raise ValueError(f'adaptive catch_up_cost must be >= 0, got {self.catch_up_cost}')
 
   @classmethod
   def from_costs(cls, costs, gammas=None, trees=(), **kwargs) -> AdaptiveConfig:
@@ -154,6 +167,26 @@ class AdaptiveConfig:
   def depth(self) -> int:
     """The deepest draft of any setting."""
     return max(self.choices)
+
+  @property
+  def costs(self) -> np.ndarray:
+    """Setting index -> the cost of one iteration in target steps (off: 1)."""
+    chains = [d + v for d, v in zip(self.draft_cost, self.verify_cost)]
+    trees = [d + v for d, v in zip(self.tree_draft_cost, self.tree_verify_cost)]
+    return np.array([1.0, *chains, *trees])
+
+  @property
+  def ceiling(self) -> float:
+    """The best speedup turning on could reach if every draft token were accepted (a
+    setting of depth d emits at most d + 1 tokens), its catch-up charged."""
+    tokens = np.asarray(self.choices[1:]) + 1.0
+    return float(np.max(tokens / np.maximum(self.costs[1:] + self.catch_up_cost, 1e-9)))
+
+  @property
+  def can_pay(self) -> bool:
+    """False: no acceptance makes turning on beat plain decoding by the hysteresis margin,
+    so the controller starts off and never probes."""
+    return self.ceiling > 1 + self.hysteresis
 
   @property
   def ranks(self) -> int:
@@ -197,24 +230,29 @@ def tree_tokens(shape: TreeShape, a: jax.Array) -> jax.Array:
   return sum(reach)
 
 
-def predicted(config: AdaptiveConfig, a: jax.Array) -> jax.Array:
-  """Predicted speedup per setting (setting 0, plain decoding, is 1) from acceptance a[D, R]."""
+def predicted(config: AdaptiveConfig, a: jax.Array, catch_up: bool = False) -> jax.Array:
+  """Predicted speedup per setting (setting 0, plain decoding, is 1) from acceptance a[D, R];
+  with `catch_up`, turning on from off: each draft setting also pays config.catch_up_cost."""
+  extra = config.catch_up_cost if catch_up else 0.0
   out = [jnp.ones((1,))]
   if config.gammas:
     runs = 1.0 + jnp.cumsum(jnp.cumprod(a[:, 0]))  # expected tokens of gamma = 1..D
     tokens = runs[jnp.asarray(config.gammas) - 1]
-    draft, verify = jnp.asarray(config.draft_cost), jnp.asarray(config.verify_cost)
+    draft, verify = jnp.asarray(config.draft_cost) + extra, jnp.asarray(config.verify_cost)
     out.append(cost_model.speedup(tokens, draft, verify))
   if config.trees:
-    tokens = jnp.stack([tree_tokens(t, a) for t in config.trees])
-    draft, verify = jnp.asarray(config.tree_draft_cost), jnp.asarray(config.tree_verify_cost)
-    out.append(cost_model.speedup(tokens, draft, verify))
+    # The rank priors of cells never tried can sum past 1; no tree emits more than depth + 1.
+    tokens = jnp.stack([jnp.minimum(tree_tokens(t, a), t.depth + 1.0) for t in config.trees])
+    draft = jnp.asarray(config.tree_draft_cost) + extra
+    out.append(cost_model.speedup(tokens, draft, jnp.asarray(config.tree_verify_cost)))
   return jnp.concatenate(out)
 
 
-def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array) -> jax.Array:
-  """The hysteresis rule: move to the best choice only if it beats the current by the margin."""
-  pred = predicted(config, a)
+def _decide(config: AdaptiveConfig, choice: jax.Array, a: jax.Array, catch_up=None) -> jax.Array:
+  """The hysteresis rule: move to the best choice only if it beats the current by the margin.
+  Turning on from off (`catch_up`, by default when choice is off) pays the catch-up."""
+  catch_up = choice == 0 if catch_up is None else catch_up
+  pred = jnp.where(catch_up, predicted(config, a, catch_up=True), predicted(config, a))
   best = jnp.argmax(pred).astype(jnp.int32)
   better = pred[best] > pred[choice] * (1 + config.hysteresis)
   return jnp.where(better, best, choice)
@@ -233,9 +271,8 @@ def init(config: AdaptiveConfig) -> ControlState:
     toggles=scalar(0),
     since_tree=scalar(0),
   )
-  if config.start_on:
-    best = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
-    ctrl = ctrl.replace(choice=best)
+  if config.start_on:  # the draft starts in step with the prompt: no catch-up to pay
+    ctrl = ctrl.replace(choice=_decide(config, jnp.int32(0), alpha(config, ctrl), False))
   return ctrl
 
 
@@ -245,13 +282,14 @@ def _largest_tree(config: AdaptiveConfig) -> int:
 
 
 def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
-  """The setting to run this iteration: the current choice, a probe when off for long, or
-  a tree probe when a chain has run for long."""
+  """The setting to run this iteration: the current choice, a probe when off for long (never
+  for a draft that cannot pay), or a tree probe when a chain has run for long."""
   if config.probe_largest and config.gammas:
     probe = jnp.int32(len(config.gammas))
   else:
-    probe = jnp.argmax(predicted(config, alpha(config, ctrl))[1:]).astype(jnp.int32) + 1
-  due = (ctrl.choice == 0) & (ctrl.since_probe >= ctrl.wait)
+    pred = predicted(config, alpha(config, ctrl), catch_up=True)
+    probe = jnp.argmax(pred[1:]).astype(jnp.int32) + 1
+  due = (ctrl.choice == 0) & (ctrl.since_probe >= ctrl.wait) & config.can_pay
   ran = jnp.where(due, probe, ctrl.choice)
   if config.trees and config.explore_every:
     explore = (ctrl.choice > 0) & (ctrl.choice <= len(config.gammas))
@@ -314,7 +352,7 @@ def update(
       config, shape, jnp.zeros_like(accepted) if stops is None else stops, tried
     )
     succ, fail = succ + jnp.where(this, s_t, 0.0), fail + jnp.where(this, f_t, 0.0)
-  s, f = jnp.sum(succ), jnp.sum(fail)
+  s = jnp.sum(succ)  # draft tokens kept, over the rows
   # Evidence ages with time, not only with observations: each plain step since the last
   # draft ages it a quarter as much as an observed iteration, so a probe after a long
   # gap weighs more against the stale counts (and a recovery is seen within a few probes).
@@ -330,9 +368,13 @@ def update(
   )
   new = _decide(config, ctrl.choice, alpha(config, ctrl))
   probed = (ctrl.choice == 0) & (ran != 0)
-  # A probe that kept every draft token asks for another soon; one that failed backs off.
-  clean = (f == 0) & (s > 0)
-  backoff = jnp.where(clean, config.probe_every, jnp.minimum(2 * ctrl.wait, config.max_wait))
+  # A probe that paid for itself at the price of turning on (its catch-up charged) asks
+  # for another soon; one that did not backs off (keeping every token is not enough: a
+  # draft costing more than a target step keeps them all and still loses).
+  tokens = 1.0 + s / jnp.maximum(jnp.sum(tried), 1)  # per row that drafted
+  cost = jnp.asarray(config.costs + config.catch_up_cost, jnp.float32)[ran]
+  paid = tokens > (1 + config.hysteresis) * cost
+  backoff = jnp.where(paid, config.probe_every, jnp.minimum(2 * ctrl.wait, config.max_wait))
   wait = jnp.where(new != 0, config.probe_every, jnp.where(probed, backoff, ctrl.wait))
   return ctrl.replace(
     choice=new,
