@@ -129,6 +129,11 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
     config_lib.check(
       quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'ngram@2'"
     )
+    if quick.adaptive and not has_adaptive(c):
+      raise ValueError(
+        f'config.quick_method = {c.quick_method!r} needs config.adaptive_gammas (or '
+        "adaptive_trees); or pick a fixed gamma such as 'ngram@2'"
+      )
   methods = build_methods(c)
   for spec in dict.fromkeys(m.draft for m in methods if m.draft):
     registry.parse_draft(spec)
@@ -238,8 +243,8 @@ def parse_method(text: str) -> MethodName:
 
 def is_quick(config) -> bool:
   """A one-prompt question (config.prompt, config.quick, no config.methods): answered with
-  autoregressive decoding and config.quick_method, without the cost measurement (unless
-  that method is adaptive: its controller needs the costs)."""
+  autoregressive decoding and config.quick_method, with a short cost measurement only
+  where that method is adaptive (its controller needs the costs)."""
   return bool(config.prompt and config.quick and not config.methods)
 
 

@@ -111,13 +111,14 @@ def adaptive_trees_of(config, engine, methods, spec: str) -> tuple:
   return tuple(out)
 
 
-def measure_costs(config, engines, methods, cache_size: int, say) -> dict:
-  """Per draft: the measured cost of proposing and verifying each gamma (target shared)."""
+def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = False) -> dict:
+  """Per draft: the measured cost of proposing and verifying each gamma (target shared);
+  `quick` (a one-prompt run): only the adaptive gammas, fewer repeats."""
   start = time.perf_counter()
   drafts = {}
   for spec, engine in engines.items():
     if spec:
-      wanted = set(COST_GAMMAS) | set(config.adaptive_gammas)
+      wanted = set(config.adaptive_gammas) | (set() if quick else set(COST_GAMMAS))
       wanted |= {m.gamma for m in methods if m.draft == spec and m.gamma}
       gammas = tuple(sorted(g for g in wanted if g + 1 < cache_size))
       trees = adaptive_trees_of(config, engine, methods, spec)
@@ -127,7 +128,7 @@ def measure_costs(config, engines, methods, cache_size: int, say) -> dict:
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   base = engines['']
   step, costs = costs_lib.measure_drafts(
-    base.params, base.cfg, drafts, config.batch_size, cache_size, sampling
+    base.params, base.cfg, drafts, config.batch_size, cache_size, sampling, 3 if quick else 5
   )
   verify = {g: v for c in costs.values() for g, v in c.verify_ms.items()}
   say(
@@ -325,13 +326,15 @@ def main(
       raise ValueError(f'prompt {p.id!r}: {e}') from None
   check_cache_fits(config, workload, encoded, model.tokenizer)
   cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
-  quick = run_config.is_quick(config)  # one question: no cost measurement, a short verdict
+  quick = run_config.is_quick(config)  # one question: a short verdict
   # Adaptive control needs its drafts' costs even where the run measures none.
   timed = {m.draft for m in methods if m.adaptive}
   if config.measure_costs and not quick:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
-  costs = measure_costs(config, timed, methods, cache_size, say) if len(timed) > 1 else {}
+  costs = {}
+  if len(timed) > 1:
+    costs = measure_costs(config, timed, methods, cache_size, say, quick)
   adaptive = {}
   for m in (m for m in methods if m.adaptive):
     adaptive[m.name] = AdaptiveConfig.from_costs(

@@ -2,9 +2,12 @@
 paid on this prompt and why, and where it does pay.
 
 A single --config.prompt is a question, not a benchmark: specjax answers it with
-autoregressive decoding and one speculative method (config.quick_method), skips the cost
-measurement, and `lines(summary, records, method)` says what happened. The full method
-table and the cost model stay one flag away (--config.quick=False).
+autoregressive decoding and one speculative method (config.quick_method: by default
+prompt lookup under adaptive control, which first times this CPU's target step and
+verifications and drafts only at the lengths those costs let pay, or not at all), and
+`lines(summary, records, method)` says what happened, what the costs measured here allow
+(`cost_line`) and which CPU and kernel paths measured it. The full method table stays one
+flag away (--config.quick=False).
 """
 
 from __future__ import annotations
@@ -41,6 +44,30 @@ def reason(m: Mapping) -> str:
   return (
     f'{calls:.2f} tokens per target call did not cover the cost of drafting and of '
     f'verifying {m.get("gamma") or "several"} tokens per call on this CPU'
+  )
+
+
+def cost_line(costs: Mapping) -> str:
+  """What the costs measured on this CPU allow (one draft's results.json 'costs' entry):
+  the acceptance at which speculation starts to pay, or why it cannot pay here."""
+  from specjax.control import cost_model  # noqa: PLC0415
+
+  step = costs['target_ms']
+  units = {int(g): (costs['draft_ms'][g] / step, v / step) for g, v in costs['verify_ms'].items()}
+  verify = ', '.join(f'{g + 1}: {units[g][1]:.2f}' for g in sorted(units))
+  measured = f'measured here: target step {step:.1f} ms; verifying n tokens costs (steps) {verify}'
+  even = {g: cost_model.break_even_alpha(g, d, v) for g, (d, v) in units.items()}
+  even = {g: a for g, a in even.items() if a < 0.999}  # nan or ~1: never pays at that gamma
+  if not even:
+    return (
+      f'speculation cannot pay on this CPU: no draft length emits more tokens than its '
+      f'verification costs target steps, even if every draft token were accepted ({measured}), '
+      'so adaptive control kept it off'
+    )
+  gamma = min(even, key=even.get)
+  return (
+    f'{measured}: speculation pays once draft tokens are accepted at alpha >= '
+    f'{even[gamma]:.2f} (gamma {gamma})'
   )
 
 
@@ -91,6 +118,9 @@ def lines(summary: Mapping, records: Mapping[str, Sequence[Mapping]], method: st
   else:
     verdict = 'paid' if m['speedup'] >= PAYS else 'did not pay'
     out.append(f'speculation {verdict} on this prompt: {reason(m)}')
+  draft = method.split('@')[0]
+  if draft in summary.get('costs', {}):
+    out.append(cost_line(summary['costs'][draft]))
   out.append(WHERE_IT_PAYS)
   out.append('every draft, the cost model and the full table: add --config.quick=False')
   out.append(machine_line())

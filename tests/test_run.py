@@ -233,10 +233,12 @@ def test_command_line_overrides_and_errors(tmp_path):
   methods = json.loads((tmp_path / 'results.json').read_text())['methods']
   assert all(m['new_tokens'] <= 5 for m in methods.values())
   # One prompt is a question: autoregressive and the quick method, then a short verdict.
-  assert set(methods) == {'autoregressive', 'ngram@4'}
+  # Prompt lookup under adaptive control, after a short measurement of this CPU's costs.
+  assert set(methods) == {'autoregressive', 'ngram@adaptive'}
   # (whether it paid is timing; a random tiny model is noise)
-  assert 'on this prompt: ' in ok.stdout and 'ngram@4: ' in ok.stdout
-  assert 'where it pays: code edits' in ok.stdout and 'costs measured' not in ok.stdout
+  assert 'on this prompt: ' in ok.stdout and 'ngram@adaptive: ' in ok.stdout
+  assert 'where it pays: code edits' in ok.stdout and 'costs measured' in ok.stdout
+  assert 'measured here: target step' in ok.stdout and 'measured on: ' in ok.stdout
   bad = subprocess.run(
     base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True, text=True, timeout=300
   )
@@ -311,6 +313,8 @@ def test_quick_runs_can_be_turned_off_and_their_method_is_checked(tmp_path):
     run_lib.main(tiny_config(prompt='Hi!', quick_method='autoregressive'), str(tmp_path))
   with pytest.raises(ValueError, match='config.quick_method: '):
     run_lib.main(tiny_config(prompt='Hi!', quick_method='ngram@x'), str(tmp_path))
+  with pytest.raises(ValueError, match='needs config.adaptive_gammas'):
+    run_lib.main(tiny_config(prompt='Hi!', adaptive_gammas=()), str(tmp_path))
 
 
 @pytest.mark.slow
@@ -333,7 +337,7 @@ def test_readme_command_answers_paris(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
-  assert 'ngram@2: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
+  assert 'ngram@adaptive: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
   assert 'speculation ' in out.stdout and 'where it pays' in out.stdout
 
 
@@ -372,3 +376,22 @@ def test_the_quick_verdict_says_why():
   assert verdict.lines(summary(1.4, 0.7, 2.5), recs(64), 'ngram@4')[3].startswith(
     'speculation paid on this prompt: the draft was accepted at alpha = 0.70'
   )
+
+
+def test_the_quick_verdict_says_what_this_cpus_costs_allow():
+  from specjax import verdict
+
+  def costs(verify):  # prompt lookup: free drafts; verify[g] in target steps
+    return {
+      'target_ms': 10.0,
+      'draft_ms': {str(g): 0.0 for g in verify},
+      'verify_ms': {str(g): 10.0 * v for g, v in verify.items()},
+    }
+
+  # Verifying 2 tokens at 1.2 steps pays once alpha > 0.2 (1 + alpha = 1.2).
+  line = verdict.cost_line(costs({1: 1.2, 2: 2.9}))
+  assert 'verifying n tokens costs (steps) 2: 1.20, 3: 2.90' in line
+  assert line.endswith('accepted at alpha >= 0.20 (gamma 1)')
+  # Verifying g + 1 tokens costs g + 1 steps or more: nothing pays, and the line says why.
+  line = verdict.cost_line(costs({1: 2.0, 2: 3.5}))
+  assert line.startswith('speculation cannot pay on this CPU') and 'kept it off' in line
