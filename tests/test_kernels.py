@@ -208,3 +208,21 @@ def test_speculative_greedy_equals_target_greedy_on_each_path(isa, monkeypatch):
   reference = engine.generate(prompts, 16).tokens
   for gamma in (2, 4):
     assert engine.generate(prompts, 16, gamma=gamma, verifier='greedy').tokens == reference
+
+
+@pytest.mark.parametrize('isa', PATHS)
+def test_speculative_sampling_matches_the_target_on_each_path(isa, monkeypatch):
+  from tests import test_speculative as spec  # noqa: PLC0415
+
+  target = testing.tiny_model(seed=21, vocab_size=spec.VOCAB, n_layers=2, scale=0.3)
+  draft = testing.tiny_model(seed=22, vocab_size=spec.VOCAB, n_layers=1, scale=0.3)
+  sampling = spec.SamplingConfig(temperature=1.0)
+  probs = spec.exact_continuations(*target, sampling)  # on XLA's products
+  monkeypatch.setenv('SPECJAX_CPU_ISA', isa)
+  monkeypatch.setattr(cpu, '_state', {})
+  chosen = []
+  real_path = cpu.path
+  monkeypatch.setattr(cpu, 'path', lambda *a: chosen.append(real_path(*a)) or chosen[-1])
+  samples = spec.sample_continuations((target, draft), sampling, 2, 'rejection')
+  assert chosen and set(chosen) == {isa}  # traced here, every product on this path
+  assert spec.chi_square_pvalue(samples, probs) > 1e-3
