@@ -43,6 +43,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import math
 import os
 import pathlib
 import platform
@@ -293,10 +294,16 @@ def _save(isa: str) -> None:
     pass
 
 
-def _time_both(kernel, xla, args, calls: int = 2, rounds: int = 5) -> tuple[float, float]:
-  """Median seconds per call of two jitted functions on `args`, interleaved round by round."""
+def _time_both(kernel, xla, args, rounds: int = 5, span: float = 0.02) -> tuple[float, float]:
+  """Median seconds per call of two jitted functions on `args`, interleaved round by round.
+  Each timing repeats a call for at least `span` seconds: a shorter one would mostly
+  measure the handover between XLA's thread pool and the kernels' spinning one."""
+  calls = 1
   for f in (kernel, xla):
     jax.block_until_ready(f(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    calls = max(calls, math.ceil(span / max(time.perf_counter() - start, 1e-6)))
   times = ([], [])
   for _ in range(rounds):
     for f, out in zip((kernel, xla), times):
