@@ -116,6 +116,26 @@ def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
   assert cpu.path('kn', 1536, 576, 7) == isa and 'kn 1536x576 rows<=9' in cpu.decisions()
   # Tiny products and long prefills stay with XLA without timing.
   assert cpu.path('kn', 64, 96, 2) is None and cpu.path('kn', 1536, 576, 65) is None
+  # auto:avx2 on an AVX-512 machine: dispatch as an AVX2 machine's, its own decisions.
+  if 'avx2' in cpu.supported():
+    monkeypatch.setenv('SPECJAX_CPU_ISA', 'auto:avx2')
+    assert cpu.path('kn', 1536, 576, 5) == 'avx2' and len(list(fresh.glob('dispatch-avx2*'))) == 1
+
+
+def test_dispatch_times_real_calls_while_a_forward_is_traced(fresh, monkeypatch):
+  isa = cpu.supported()[0]
+  if isa == 'scalar':
+    pytest.skip('no vector path on this CPU: auto dispatch never considers scalar')
+  staged = []
+
+  def timer(kernel, xla, args):  # a traced array here would mean nothing ran
+    staged.append(isinstance(kernel(*args), jax.core.Tracer))
+    return 1e-4, 2e-4
+
+  monkeypatch.setattr(cpu, '_time_both', timer)
+  w = jnp.ones((576, 1536), jnp.float32)
+  jax.jit(lambda x: cpu.dense_product(x, w)).lower(jnp.ones((2, 576), jnp.float32))
+  assert staged == [False]
 
 
 def test_the_real_timer_times_both(fresh):
@@ -134,9 +154,15 @@ def test_a_forced_path_runs_everywhere_and_bad_switches_are_named(fresh, monkeyp
   monkeypatch.setenv('SPECJAX_CPU_ISA', 'avx3')
   with pytest.raises(ValueError, match="SPECJAX_CPU_ISA='avx3' is not one of auto, avx512"):
     cpu.path('kn', 1536, 576, 2)
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'auto:xla')
+  with pytest.raises(ValueError, match="SPECJAX_CPU_ISA='auto:xla' is not one of auto"):
+    cpu.path('kn', 1536, 576, 2)
   monkeypatch.setenv('SPECJAX_CPU_ISA', 'avx512')
   monkeypatch.setattr(cpu, 'supported', lambda: ('avx2', 'scalar'))
   with pytest.raises(ValueError, match='SPECJAX_CPU_ISA=avx512 but this CPU .* lacks it'):
+    cpu.path('kn', 1536, 576, 2)
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'auto:avx512')
+  with pytest.raises(ValueError, match='SPECJAX_CPU_ISA=auto:avx512: this CPU does not run'):
     cpu.path('kn', 1536, 576, 2)
   monkeypatch.delenv('SPECJAX_CPU_ISA')
   monkeypatch.setenv('SPECJAX_CPU_KERNELS', '0')

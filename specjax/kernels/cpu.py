@@ -29,6 +29,8 @@ the compiler flags and the sources (`decisions()` lists them, `python -m specjax
 
   SPECJAX_CPU_ISA=avx512|avx2|scalar   that path for every product it takes (no timing)
   SPECJAX_CPU_ISA=xla                  XLA's products throughout (as SPECJAX_CPU_KERNELS=0)
+  SPECJAX_CPU_ISA=auto:avx2            measured dispatch with kernels no newer than AVX2:
+                                       an AVX-512 machine runs what an AVX2 one would
 
 A library is written atomically with its sha256 beside it and checked before it is
 loaded; a mismatch rebuilds it with a warning. If compiling fails, XLA's product is used
@@ -39,6 +41,7 @@ block as llama.cpp does.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -135,8 +138,12 @@ def requested() -> str:
   isa = os.environ.get('SPECJAX_CPU_ISA', '').strip().lower()
   if isa in ('', 'auto'):
     return 'auto'
-  if isa not in CHOICES:
-    raise ValueError(f'SPECJAX_CPU_ISA={isa!r} is not one of auto, {", ".join(CHOICES)}')
+  cap = isa.removeprefix('auto:')
+  if cap not in CHOICES or (cap != isa and cap in ('xla', 'scalar')):
+    raise ValueError(
+      f'SPECJAX_CPU_ISA={isa!r} is not one of auto, {", ".join(CHOICES)}, or auto:<isa> '
+      '(measured dispatch with kernels no newer than that ISA, e.g. auto:avx2)'
+    )
   return isa
 
 
@@ -238,14 +245,18 @@ def best_isa() -> str | None:
   if want == 'xla':
     _state.setdefault('why', 'disabled by SPECJAX_CPU_ISA=xla or SPECJAX_CPU_KERNELS=0')
     return None
-  if want != 'auto':
+  cap = want.removeprefix('auto:')
+  if not want.startswith('auto'):
     if want not in supported():
       raise ValueError(
         f'SPECJAX_CPU_ISA={want} but this CPU ({cpu_info()["model"]}) lacks it; it runs: '
         f'{", ".join(supported())} (flags: {isa_flags() or "none"})'
       )
     return want if library(want) is not None else None
-  for isa in supported():
+  runs = supported()
+  if cap != 'auto' and cap not in runs:
+    raise ValueError(f'SPECJAX_CPU_ISA={want}: this CPU does not run {cap} ({isa_flags()})')
+  for isa in runs[runs.index(cap) if cap != 'auto' else 0 :]:
     if isa != 'scalar' and library(isa) is not None:
       return isa
   _state.setdefault('why', 'no vector path on this CPU: XLA throughout')
@@ -368,17 +379,21 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
   """The instruction set whose kernel runs this product, or None for XLA's (trace time)."""
   if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
     return None
-  if requested() == 'auto' and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
+  auto = requested().startswith('auto')
+  if auto and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
     return None
   with _lock:
     isa = best_isa()
-    if isa is None or requested() != 'auto':
+    if isa is None or not auto:
       return isa
     table = _decisions(isa)
     bucket = next(b for b in BUCKETS if b >= rows)
     key = f'{kind} {n}x{k} rows<={bucket}'
     if key not in table:
-      record = measure(kind, n, k, bucket, isa)
+      # In a thread of its own: this runs while a forward is traced, and in the tracing
+      # thread every array operation, timed calls included, would be staged into it.
+      with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        record = pool.submit(measure, kind, n, k, bucket, isa).result()
       record['use'] = isa if record['kernel_us'] < record['xla_us'] else 'xla'
       table[key] = record
       _save(isa)
