@@ -102,7 +102,7 @@ def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
   assert cpu.path('kn', 1536, 576, 2) == isa
   timings['next'] = (3e-4, 2e-4)  # XLA is faster
   assert cpu.path('kn', 1536, 576, 3) is None
-  timings['next'] = (2e-4, 2e-4)  # a tie keeps XLA
+  timings['next'] = (1.9e-4, 2e-4)  # a near-tie (within cpu.MARGIN) keeps XLA
   assert cpu.path('nk', 4096, 576, 1) is None
   # Decisions are kept on disk beside the library and read back without timing again.
   saved = json.loads(next(fresh.glob('dispatch-*.json')).read_text())

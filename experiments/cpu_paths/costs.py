@@ -55,7 +55,7 @@ def main(_):
   }
   folder = pathlib.Path(FLAGS.out)
   folder.mkdir(parents=True, exist_ok=True)
-  (folder / f'costs-{path}.json').write_text(json.dumps(out, indent=1))
+  (folder / f'costs-{path.replace(":", "-")}.json').write_text(json.dumps(out, indent=1))
   print(json.dumps({k: v for k, v in out.items() if k != 'provenance'}))
   print(cpu_kernels.describe()['kernel_isa'], cpu_kernels.status())
 

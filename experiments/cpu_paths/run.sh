@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-experiments/cpu_paths/results}"
 grep -o -w -E 'avx512[a-z_0-9]*|avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
-paths="auto xla $(python -c 'from specjax.kernels import cpu; print(" ".join(cpu.supported()))')"
+paths="${PATHS:-auto auto:avx2 xla $(python -c 'from specjax.kernels import cpu; print(" ".join(cpu.supported()))')}"
 for path in $paths; do
   [ "$path" = scalar ] && continue  # plain C++: for exactness tests, far slower than XLA
   echo "== SPECJAX_CPU_ISA=$path"
