@@ -36,6 +36,7 @@ def fresh(monkeypatch, tmp_path):
   monkeypatch.setattr(cpu, '_cache_dir', lambda: tmp_path)
   monkeypatch.delenv('SPECJAX_CPU_ISA', raising=False)
   monkeypatch.delenv('SPECJAX_CPU_KERNELS', raising=False)
+  monkeypatch.setenv('SPECJAX_CPU_FLOAT_KERNELS', '1')  # measured dispatch for every kind
   return tmp_path
 
 
@@ -114,6 +115,11 @@ def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
   timings['next'] = (1e-4, 2e-4)
   monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: timings['next'])
   assert cpu.path('kn', 1536, 576, 7) == isa and 'kn 1536x576 rows<=9' in cpu.decisions()
+  # Without SPECJAX_CPU_FLOAT_KERNELS=1, float32 products stay with XLA untimed.
+  monkeypatch.delenv('SPECJAX_CPU_FLOAT_KERNELS')
+  assert cpu.path('kn', 1536, 576, 2) is None and cpu.path('nk', 8192, 576, 2) is None
+  assert cpu.path('q4_1', 1536, 576, 2) == isa
+  monkeypatch.setenv('SPECJAX_CPU_FLOAT_KERNELS', '1')
   # Tiny products and long prefills stay with XLA without timing.
   assert cpu.path('kn', 64, 96, 2) is None and cpu.path('kn', 1536, 576, 65) is None
   # auto:avx2 on an AVX-512 machine: dispatch as an AVX2 machine's, its own decisions.

@@ -75,6 +75,13 @@ MIN_WEIGHTS = 1 << 16  # smaller products (tiny test models) stay with XLA: a ca
 # XLA's thread pool, and a step that mixes the two pools for near-ties measured slower
 # than either (a 2-token verification at 1.6 steps with AVX2 kernels, 1.2 on XLA alone).
 MARGIN = 0.9
+# Measured dispatch covers the block products (q4_1, q8_0: 10-20x faster than XLA's
+# expanded weights) but not float32 ones unless SPECJAX_CPU_FLOAT_KERNELS=1: on a 2-core
+# AMD EPYC (Zen 4, 26 GB/s) float32 kernels each faster alone made the forward slower
+# (a 2-token verification at 1.56-1.60 target steps with the head and k/v products on
+# kernels, 1.21 on XLA alone; BENCHMARKS.md, issue 27): timings of one product do not
+# predict a step that mixes XLA's thread pool with the kernels'.
+FLOAT_NOTE = 'float32 products stay with XLA unless SPECJAX_CPU_FLOAT_KERNELS=1'
 ISAS = ('avx512', 'avx2', 'scalar')
 CHOICES = (*ISAS, 'xla')
 _BASE_FLAGS = ('-O3', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-pthread')
@@ -386,6 +393,8 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
   auto = requested().startswith('auto')
   if auto and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
     return None
+  if auto and kind in ('nk', 'kn') and os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') != '1':
+    return None  # see FLOAT_NOTE
   with _lock:
     isa = best_isa()
     if isa is None or not auto:
