@@ -177,6 +177,8 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
   n = 0
   for r in recs:
     for d in r['drafted']:
+      if d and d not in table:
+        continue  # a tree's node count: trees have no chain cost (the model predicts chains)
       n += 1
       if d:
         dc, vc = table[d]

@@ -118,7 +118,8 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
   drafts = {}
   for spec, engine in engines.items():
     if spec:
-      wanted = set(config.adaptive_gammas) | (set() if quick else set(COST_GAMMAS))
+      wanted = set(config.adaptive_gammas) or {1}  # (trees only: gamma 1 for c)
+      wanted |= set() if quick else set(COST_GAMMAS)
       wanted |= {m.gamma for m in methods if m.draft == spec and m.gamma}
       gammas = tuple(sorted(g for g in wanted if g + 1 < cache_size))
       trees = adaptive_trees_of(config, engine, methods, spec)

@@ -51,13 +51,16 @@ def cost_line(costs: Mapping) -> str:
   """What the costs measured on this CPU allow (one draft's results.json 'costs' entry):
   the acceptance at which speculation starts to pay, or why it cannot pay here."""
   from specjax.control import cost_model  # noqa: PLC0415
+  from specjax.control.adaptive import AdaptiveConfig  # noqa: PLC0415
 
   step = costs['target_ms']
   units = {int(g): (costs['draft_ms'][g] / step, v / step) for g, v in costs['verify_ms'].items()}
   verify = ', '.join(f'{g + 1}: {units[g][1]:.2f}' for g in sorted(units))
   measured = f'measured here: target step {step:.1f} ms; verifying n tokens costs (steps) {verify}'
   even = {g: cost_model.break_even_alpha(g, d, v) for g, (d, v) in units.items()}
-  even = {g: a for g, a in even.items() if a < 0.999}  # nan or ~1: never pays at that gamma
+  # Adaptive control turns on only where it predicts a margin over plain decoding.
+  margin = 1 + AdaptiveConfig.hysteresis
+  even = {g: a for g, a in even.items() if a < 0.999 and (g + 1) / sum(units[g]) > margin}
   if not even:
     return (
       f'speculation cannot pay on this CPU: no draft length emits more tokens than its '

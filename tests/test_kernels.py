@@ -79,6 +79,7 @@ def test_every_block_path_is_the_product_with_rounded_activations(isa, fmt, rows
 
 @pytest.mark.parametrize('isa', PATHS)
 def test_gradients_and_vmap_match_xla(isa):
+  assert cpu.library(isa) is not None  # built and registered, whichever test ran first
   kx, kw = jax.random.split(jax.random.PRNGKey(0))
   x, w = jax.random.normal(kx, (3, 48)), jax.random.normal(kw, (20, 48))
   kernel = lambda x, w: cpu._kernel('nk', isa, x, w)
@@ -125,7 +126,7 @@ def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
   # auto:avx2 on an AVX-512 machine: dispatch as an AVX2 machine's, its own decisions.
   if 'avx2' in cpu.supported():
     monkeypatch.setenv('SPECJAX_CPU_ISA', 'auto:avx2')
-    assert cpu.path('kn', 1536, 576, 5) == 'avx2' and len(list(fresh.glob('dispatch-avx2*'))) == 1
+    assert cpu.path('kn', 1536, 576, 5) == 'avx2' and len(list(fresh.glob('dispatch-*avx2*'))) == 1
 
 
 def test_dispatch_times_real_calls_while_a_forward_is_traced(fresh, monkeypatch):

@@ -395,3 +395,5 @@ def test_the_quick_verdict_says_what_this_cpus_costs_allow():
   # Verifying g + 1 tokens costs g + 1 steps or more: nothing pays, and the line says why.
   line = verdict.cost_line(costs({1: 2.0, 2: 3.5}))
   assert line.startswith('speculation cannot pay on this CPU') and 'kept it off' in line
+  # Within adaptive control's margin (at most 2 / 1.85 = 1.08x): it stays off, and says so.
+  assert verdict.cost_line(costs({1: 1.85})).startswith('speculation cannot pay')

@@ -75,6 +75,9 @@ MIN_WEIGHTS = 1 << 16  # smaller products (tiny test models) stay with XLA: a ca
 # XLA's thread pool, and a step that mixes the two pools for near-ties measured slower
 # than either (a 2-token verification at 1.6 steps with AVX2 kernels, 1.2 on XLA alone).
 MARGIN = 0.9
+# Part of the decisions' file name: decisions made by an earlier way of measuring (v1 timed
+# inside the trace, where nothing ran) are never reused.
+DISPATCH_VERSION = 2
 # Measured dispatch covers the block products (q4_1, q8_0: 10-20x faster than XLA's
 # expanded weights) but not float32 ones unless SPECJAX_CPU_FLOAT_KERNELS=1: on a 2-core
 # AMD EPYC (Zen 4, 26 GB/s) float32 kernels each faster alone made the forward slower
@@ -291,7 +294,7 @@ def status() -> str:
 def _decisions_path(isa: str) -> pathlib.Path:
   optimised = not jax.config.read('jax_disable_most_optimizations')
   tag = '' if optimised else '-unoptimised'
-  return _cache_dir() / f'dispatch-{isa}-{library_key(isa)}{tag}.json'
+  return _cache_dir() / f'dispatch-v{DISPATCH_VERSION}-{isa}-{library_key(isa)}{tag}.json'
 
 
 def _decisions(isa: str) -> dict:
