@@ -84,7 +84,6 @@ DISPATCH_VERSION = 2
 # (a 2-token verification at 1.56-1.60 target steps with the head and k/v products on
 # kernels, 1.21 on XLA alone; BENCHMARKS.md, issue 27): timings of one product do not
 # predict a step that mixes XLA's thread pool with the kernels'.
-FLOAT_NOTE = 'float32 products stay with XLA unless SPECJAX_CPU_FLOAT_KERNELS=1'
 ISAS = ('avx512', 'avx2', 'scalar')
 CHOICES = (*ISAS, 'xla')
 _BASE_FLAGS = ('-O3', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-pthread')
@@ -397,7 +396,7 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
   if auto and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
     return None
   if auto and kind in ('nk', 'kn') and os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') != '1':
-    return None  # see FLOAT_NOTE
+    return None  # float32 products: not by default (see SPECJAX_CPU_FLOAT_KERNELS above)
   with _lock:
     isa = best_isa()
     if isa is None or not auto:
