@@ -36,7 +36,7 @@ def fresh(monkeypatch, tmp_path):
   monkeypatch.setattr(cpu, '_cache_dir', lambda: tmp_path)
   monkeypatch.delenv('SPECJAX_CPU_ISA', raising=False)
   monkeypatch.delenv('SPECJAX_CPU_KERNELS', raising=False)
-  monkeypatch.setenv('SPECJAX_CPU_FLOAT_KERNELS', '1')  # measured dispatch for every kind
+  monkeypatch.delenv('SPECJAX_CPU_FLOAT_KERNELS', raising=False)  # the default: every kind
   return tmp_path
 
 
@@ -45,8 +45,8 @@ def fresh(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
   'x_shape,n',
   [((1, 576), 1001), ((2, 576), 1536), ((1, 3, 40), 64), ((4, 16), 5), ((2, 2, 100), 37),
-   ((5, 576), 192), ((9, 64), 200), ((33, 48), 70)],
-)  # fmt: skip
+   ((5, 576), 192), ((9, 64), 200), ((33, 48), 70), ((3, 1000), 70), ((2, 1536), 576)],
+)  # fmt: skip  (K = 576, 1000, 1536: split in parts of 8, 4 and single rows)
 def test_every_path_equals_the_product(isa, kind, x_shape, n):
   assert cpu.library(isa) is not None, cpu.status()
   kx, kw = jax.random.split(jax.random.PRNGKey(sum(x_shape) + n))
@@ -116,11 +116,11 @@ def test_dispatch_keeps_the_faster_path_by_measurement(fresh, monkeypatch):
   timings['next'] = (1e-4, 2e-4)
   monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: timings['next'])
   assert cpu.path('kn', 1536, 576, 7) == isa and 'kn 1536x576 rows<=9' in cpu.decisions()
-  # Without SPECJAX_CPU_FLOAT_KERNELS=1, float32 products stay with XLA untimed.
-  monkeypatch.delenv('SPECJAX_CPU_FLOAT_KERNELS')
+  # SPECJAX_CPU_FLOAT_KERNELS=0: float32 products stay with XLA untimed.
+  monkeypatch.setenv('SPECJAX_CPU_FLOAT_KERNELS', '0')
   assert cpu.path('kn', 1536, 576, 2) is None and cpu.path('nk', 8192, 576, 2) is None
   assert cpu.path('q4_1', 1536, 576, 2) == isa
-  monkeypatch.setenv('SPECJAX_CPU_FLOAT_KERNELS', '1')
+  monkeypatch.delenv('SPECJAX_CPU_FLOAT_KERNELS')
   # Tiny products and long prefills stay with XLA without timing.
   assert cpu.path('kn', 64, 96, 2) is None and cpu.path('kn', 1536, 576, 65) is None
   # auto:avx2 on an AVX-512 machine: dispatch as an AVX2 machine's, its own decisions.

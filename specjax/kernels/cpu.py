@@ -31,6 +31,7 @@ library, under a key of the CPU's model and features, the compiler flags and the
   SPECJAX_CPU_ISA=xla                  XLA's products throughout (as SPECJAX_CPU_KERNELS=0)
   SPECJAX_CPU_ISA=auto:avx2            measured dispatch with kernels no newer than AVX2:
                                        an AVX-512 machine runs what an AVX2 one would
+  SPECJAX_CPU_FLOAT_KERNELS=0          float32 products on XLA, untimed (blocks measured)
 
 A library is written atomically with its sha256 beside it and checked before it is
 loaded; a mismatch rebuilds it with a warning. If compiling fails, XLA's product is used
@@ -78,12 +79,12 @@ MARGIN = 0.9
 # Part of the decisions' file name: decisions made by an earlier way of measuring (v1 timed
 # inside the trace, where nothing ran) are never reused.
 DISPATCH_VERSION = 2
-# Measured dispatch covers the block products (q4_1, q8_0: 10-20x faster than XLA's
-# expanded weights) but not float32 ones unless SPECJAX_CPU_FLOAT_KERNELS=1: on a 2-core
-# AMD EPYC (Zen 4, 26 GB/s) float32 kernels each faster alone made the forward slower
-# (a 2-token verification at 1.56-1.60 target steps with the head and k/v products on
-# kernels, 1.21 on XLA alone; BENCHMARKS.md, issue 27): timings of one product do not
-# predict a step that mixes XLA's thread pool with the kernels'.
+# SPECJAX_CPU_FLOAT_KERNELS=0 keeps float32 products (nk, kn) with XLA untimed, block
+# products still measured. The float32 'kn' kernel splits K so that each thread streams
+# contiguous rows of the weight; its first form split the columns and walked the rows with
+# a stride, and made a 2-token verification cost 1.56-1.60 target steps where XLA alone took
+# 1.21 (2-core Zen 4 EPYC, 26 GB/s). Split over K: 0.93-1.08 at a 26.6-27.6 ms step
+# (BENCHMARKS.md, issue 27).
 ISAS = ('avx512', 'avx2', 'scalar')
 CHOICES = (*ISAS, 'xla')
 _BASE_FLAGS = ('-O3', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-pthread')
@@ -395,8 +396,8 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
   auto = requested().startswith('auto')
   if auto and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
     return None
-  if auto and kind in ('nk', 'kn') and os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') != '1':
-    return None  # float32 products: not by default (see SPECJAX_CPU_FLOAT_KERNELS above)
+  if auto and kind in ('nk', 'kn') and os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') == '0':
+    return None  # float32 products on XLA, untimed (see SPECJAX_CPU_FLOAT_KERNELS above)
   with _lock:
     isa = best_isa()
     if isa is None or not auto:
