@@ -43,10 +43,10 @@ def fresh(monkeypatch, tmp_path):
 @pytest.mark.parametrize('isa', PATHS)
 @pytest.mark.parametrize('kind', ['nk', 'kn'])
 @pytest.mark.parametrize(
-  'x_shape,n',
+  'x_shape,n',  # K = 576, 1000, 1536: the kn kernel's parts of 8, 4 and single rows
   [((1, 576), 1001), ((2, 576), 1536), ((1, 3, 40), 64), ((4, 16), 5), ((2, 2, 100), 37),
    ((5, 576), 192), ((9, 64), 200), ((33, 48), 70), ((3, 1000), 70), ((2, 1536), 576)],
-)  # fmt: skip  (K = 576, 1000, 1536: split in parts of 8, 4 and single rows)
+)  # fmt: skip
 def test_every_path_equals_the_product(isa, kind, x_shape, n):
   assert cpu.library(isa) is not None, cpu.status()
   kx, kw = jax.random.split(jax.random.PRNGKey(sum(x_shape) + n))
