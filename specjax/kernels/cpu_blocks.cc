@@ -158,10 +158,15 @@ inline void Tile(const int8_t* qx, const float* dx, const float* sx, const uint8
   for (int i = 0; i < MB; ++i) {
     for (int r = 0; r < R; ++r) {
       float total = HorizontalSum(acc[i][r]);
-      if (F == Format::kQ4_1 || kBiasedDot) {
+      if (F == Format::kQ4_1 || kBiasedDot) {  // the offsets' term, eight blocks at a time
         const float* wr = (F == Format::kQ4_1 ? mins : d) + (n + r) * nb;
         const float* xs = sx + (m0 + i) * nb;
-        for (int64_t b = 0; b < nb; ++b) total += wr[b] * xs[b];
+        __m256 bias = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8)
+          bias = _mm256_fmadd_ps(_mm256_loadu_ps(wr + b), _mm256_loadu_ps(xs + b), bias);
+        total += HorizontalSum(bias);
+        for (; b < nb; ++b) total += wr[b] * xs[b];
       }
       y[(m0 + i) * n_dim + n + r] = total;
     }
