@@ -27,7 +27,13 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     '{"prompt": "bye"}\n'
   )
   summary = run_lib.main(
-    tiny_config(prompts=str(prompts), num_prompts=3, batch_size=2),
+    tiny_config(
+      prompts=str(prompts),
+      num_prompts=3,
+      batch_size=2,
+      # named, so a slow machine does not skip truncated:1@4 as hopeless (see skip_hopeless)
+      methods='ngram@4,ngram@adaptive,truncated:1@4,truncated:1@adaptive',
+    ),
     str(tmp_path / 'out'),
     verbose=False,
   )
@@ -305,8 +311,12 @@ def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
 
 
 def test_quick_runs_can_be_turned_off_and_their_method_is_checked(tmp_path):
+  # config.methods names both drafts, so neither is skipped as hopeless on a slow machine
+  # (the tiny truncated draft can cost a target step or more there).
   summary = run_lib.main(
-    tiny_config(prompt='Hi!', quick=False, adaptive_gammas=()), str(tmp_path), verbose=False
+    tiny_config(prompt='Hi!', quick=False, adaptive_gammas=(), methods='ngram@4,truncated:1@4'),
+    str(tmp_path),
+    verbose=False,
   )
   assert set(summary['methods']) == {'autoregressive', 'ngram@4', 'truncated:1@4'}
   with pytest.raises(ValueError, match=r"config.quick_method = 'autoregressive': expected a spec"):
