@@ -80,6 +80,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.measure_costs = False
   # One --config.prompt: autoregressive and this method only, and a short verdict
   # (--config.quick=False: every method and the table).
+  # A draft that hands the verifier NaN, negative or zero-at-its-proposal probabilities
+  # has those positions rejected (the output stays the target's) and is reported; True
+  # makes that an error once the results are written.
+  c.strict = False
+  # True: finish the interrupted run in --workdir (prompts it finished are not rerun).
+  c.resume = False
   c.quick = True
   c.quick_method = 'ngram@4'
   return c

@@ -35,5 +35,6 @@ def get_config(arg: str | None = None):
   c.model = model
   c.drafts = (draft,)
   c.gammas = (gamma,)
+  c.quick_method = f'{draft}@{gamma}'  # a one-prompt run compares the calibrated draft
   c.verifier = 'greedy'  # calibrated for greedy decoding; rejection/block work too
   return c

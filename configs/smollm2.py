@@ -72,6 +72,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # method, and a few lines on whether speculation paid. Prompt lookup under adaptive
   # control times this CPU's target step and verifications first and drafts only at the
   # lengths those costs let pay (or never, saying why). --config.quick=False runs everything.
+  # A draft that hands the verifier NaN, negative or zero-at-its-proposal probabilities
+  # has those positions rejected (the output stays the target's) and is reported; True
+  # makes that an error once the results are written.
+  c.strict = False
+  # True: finish the interrupted run in --workdir (prompts it finished are not rerun).
+  c.resume = False
   c.quick = True
   c.quick_method = 'ngram@adaptive'
   return c

@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import pathlib
+import signal
 import sys
 from collections.abc import Callable
 
@@ -123,6 +124,10 @@ def start_processes(coordinator: str | None, num_processes: int | None, process_
   jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
 
 
+def _interrupt(signum, frame):
+  raise KeyboardInterrupt(f'signal {signum}')
+
+
 def run_cli(main: Callable[..., object], default_config: str | None = None, argv=None) -> None:
   """Runs `main(config, workdir)` from the command line: --config FILE[:ARG] (with
   --config.<field>=<value> overrides) and --workdir DIR.
@@ -151,12 +156,16 @@ def run_cli(main: Callable[..., object], default_config: str | None = None, argv
       raise app.UsageError(f'unexpected arguments: {args[1:]}')
     if config.value is None:
       raise app.UsageError(f'--config is required, e.g. --config {default_config}')
+    signal.signal(signal.SIGTERM, _interrupt)  # cleanup as for Ctrl-C (what is done is kept)
     try:
       start_processes(coordinator.value, num_processes.value, process_id.value)
       main(config.value, workdir.value)
     except (ValueError, FileNotFoundError) as e:
       print(f'error: {e}', file=sys.stderr)
       sys.exit(2)
+    except KeyboardInterrupt:
+      print('interrupted', file=sys.stderr)
+      sys.exit(130)
 
   try:
     check_overrides(argv)

@@ -63,6 +63,7 @@ def row_record(out, row: int, method: str = '', batch: int = 0) -> dict:
     'decode_ms': 1e3 * out.decode_seconds,
     'batch_steps': out.steps,
     'switches': out.switches,
+    'untrusted': out.untrusted[row] if out.untrusted else 0,
     'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
     'decode_tokens_per_second': out.decode_tokens_per_second,
   }
@@ -233,6 +234,11 @@ def best_gamma_per_category(methods: Mapping[str, Summary], costs, categories, r
   return out
 
 
+def safe_ratio(a: float, b: float) -> float:
+  """a / b, nan where b is 0 (e.g. no decode steps at max_new_tokens=1)."""
+  return a / b if b else float('nan')
+
+
 def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, costs=None):
   """{method: Summary} overall and per category, speedups against 'autoregressive'.
 
@@ -265,8 +271,8 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
   base = out['autoregressive']
   for m in out.values():
     for sub, ref in [(m, base), *((m.categories[c], base.categories[c]) for c in categories)]:
-      sub.speedup = sub.tokens_per_second / ref.tokens_per_second
-      sub.decode_speedup = sub.decode_tokens_per_second / ref.decode_tokens_per_second
+      sub.speedup = safe_ratio(sub.tokens_per_second, ref.tokens_per_second)
+      sub.decode_speedup = safe_ratio(sub.decode_tokens_per_second, ref.decode_tokens_per_second)
   return out, categories
 
 

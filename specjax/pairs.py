@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import shutil
 import sys
@@ -461,9 +462,42 @@ TEXT_PREFIXES = ('language_model.model.', 'model.language_model.')  # older, new
 
 
 def _read_header(file) -> tuple[dict, int]:
+  """A safetensors file's header and where its data starts, checked against the file's
+  size: a truncated file (or one that is not safetensors) is an error naming it."""
+  size = os.path.getsize(file)
   with open(file, 'rb') as f:
     n = int.from_bytes(f.read(8), 'little')
-    return json.loads(f.read(n)), 8 + n
+    if size < 8 or 8 + n > size:
+      raise ValueError(
+        f'{file}: truncated or not a safetensors file (header of {n} bytes, file {size})'
+      )
+    try:
+      header = json.loads(f.read(n))
+    except ValueError:
+      raise ValueError(f'{file}: its safetensors header is not JSON (a damaged file?)') from None
+  for name, info in header.items():
+    if name != '__metadata__' and 8 + n + info['data_offsets'][1] > size:
+      raise ValueError(
+        f'{file}: truncated: tensor {name} ends at byte {8 + n + info["data_offsets"][1]}, '
+        f'the file has {size}'
+      )
+  return header, 8 + n
+
+
+def _copy_tensors(file, out, blob: bytes, header: dict, start: int, names) -> None:
+  """Writes `blob` (a safetensors header) and then the bytes of `names` from `file`."""
+  with open(file, 'rb') as f, open(out, 'wb') as g:
+    g.write(len(blob).to_bytes(8, 'little') + blob)
+    for name in names:
+      begin, end = header[name]['data_offsets']
+      f.seek(start + begin)
+      remaining = end - begin
+      while remaining:
+        chunk = f.read(min(remaining, 1 << 26))
+        if not chunk:
+          raise ValueError(f'{file}: truncated while reading {name}')
+        g.write(chunk)
+        remaining -= len(chunk)
 
 
 def gemma3_text_model(src, dst) -> pathlib.Path:
@@ -473,6 +507,8 @@ def gemma3_text_model(src, dst) -> pathlib.Path:
   text tensors renamed to model.* (bytes copied as stored, file by file; the vision tower
   and projector left out), and the tokenizer files. Returns `dst`."""
   src, dst = pathlib.Path(src), pathlib.Path(dst)
+  if dst.exists() and dst.resolve() == src.resolve():
+    raise ValueError(f'SRC and DST are the same directory ({src}): pass a new DST_DIR')
   config_file = src / 'config.json'
   if not config_file.is_file():
     raise FileNotFoundError(f'{config_file} not found')
@@ -485,14 +521,15 @@ def gemma3_text_model(src, dst) -> pathlib.Path:
   text = {**GEMMA3_TEXT_DEFAULTS, **config['text_config'], 'model_type': 'gemma3_text'}
   text['architectures'] = ['Gemma3ForCausalLM']
   text.setdefault('torch_dtype', config.get('torch_dtype', 'bfloat16'))
-  dst.mkdir(parents=True, exist_ok=True)
-  (dst / 'config.json').write_text(json.dumps(text, indent=2) + '\n')
   files = sorted(src.glob('*.safetensors'))
   if not files:
     raise FileNotFoundError(f'no *.safetensors files in {src}')
+  headers = {file: _read_header(file) for file in files}  # every shard checked first
+  dst.mkdir(parents=True, exist_ok=True)
+  (dst / 'config.json').write_text(json.dumps(text, indent=2) + '\n')
   kept = 0
   for file in files:
-    header, start = _read_header(file)
+    header, start = headers[file]
     names = {}
     for name in header:
       for prefix in TEXT_PREFIXES:
@@ -508,17 +545,15 @@ def gemma3_text_model(src, dst) -> pathlib.Path:
     out['__metadata__'] = {'format': 'pt'}
     blob = json.dumps(out).encode()
     blob += b' ' * (-len(blob) % 8)
-    with open(file, 'rb') as f, open(dst / file.name, 'wb') as g:
-      g.write(len(blob).to_bytes(8, 'little') + blob)
-      for name in names:
-        begin, end = header[name]['data_offsets']
-        f.seek(start + begin)
-        remaining = end - begin
-        while remaining:
-          chunk = f.read(min(remaining, 1 << 26))
-          g.write(chunk)
-          remaining -= len(chunk)
+    partial = dst / (file.name + '.partial')  # renamed once whole: never a cut file
+    try:
+      _copy_tensors(file, partial, blob, header, start, names)
+    except BaseException:
+      partial.unlink(missing_ok=True)
+      raise
+    os.replace(partial, dst / file.name)
     kept += len(names)
+
   if not kept:
     raise ValueError(f'{src}: no tensors under {" or ".join(TEXT_PREFIXES)}')
   for name in ('tokenizer.json', 'tokenizer.model', 'special_tokens_map.json'):

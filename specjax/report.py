@@ -4,7 +4,9 @@ and the text tables. Everything reads the typed summaries of specjax/metrics.py.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -42,16 +44,15 @@ def _row(method: str, category: str, m: Summary) -> dict:
   return row
 
 
-def write_csv(path: pathlib.Path, summary: dict) -> None:
-  """One row per method overall ('all') and per category."""
-  with open(path, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
-    writer.writeheader()
-    for name, data in summary['methods'].items():
-      m = Summary.from_json(data)
-      writer.writerow(_row(name, 'all', m))
-      for cat, sub in m.categories.items():
-        writer.writerow(_row(name, cat, sub))
+def write_csv(out, summary: dict) -> None:
+  """One row per method overall ('all') and per category, to the text stream `out`."""
+  writer = csv.DictWriter(out, fieldnames=COLUMNS)
+  writer.writeheader()
+  for name, data in summary['methods'].items():
+    m = Summary.from_json(data)
+    writer.writerow(_row(name, 'all', m))
+    for cat, sub in m.categories.items():
+      writer.writerow(_row(name, cat, sub))
 
 
 def results(
@@ -80,16 +81,42 @@ def results(
   }
 
 
+PARTIAL = 'generations.partial.jsonl'  # records appended as each batch finishes
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+  """Writes `text` to a temporary file beside `path` and renames it over `path`: a reader
+  (or a crash) never sees half a file."""
+  tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
+  with open(tmp, 'w', newline='') as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def append_records(out_dir: pathlib.Path, records: list[dict]) -> None:
+  """Appends finished records to generations.partial.jsonl (flushed to disk): what an
+  interrupted run keeps."""
+  lines = ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records)
+  with open(out_dir / PARTIAL, 'a') as f:
+    f.write(lines)  # one write: an interruption leaves all of it or a cut last line
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def write_results(out_dir: pathlib.Path, config, records, summary: dict) -> None:
-  """config.json, generations.jsonl (every text), results.json, results.csv and the plots."""
-  (out_dir / 'config.json').write_text(config.to_json_best_effort(indent=2))
-  with open(out_dir / 'generations.jsonl', 'w') as f:
-    for recs in records.values():
-      for r in recs:
-        f.write(json.dumps(r, ensure_ascii=False) + '\n')
-  (out_dir / 'results.json').write_text(json.dumps(summary, indent=2))
-  write_csv(out_dir / 'results.csv', summary)
+  """config.json, generations.jsonl (every text), results.json, results.csv and the plots,
+  each written atomically; the partial records are removed once the full ones are down."""
+  write_atomic(out_dir / 'config.json', config.to_json_best_effort(indent=2))
+  lines = (json.dumps(r, ensure_ascii=False) + '\n' for recs in records.values() for r in recs)
+  write_atomic(out_dir / 'generations.jsonl', ''.join(lines))
+  write_atomic(out_dir / 'results.json', json.dumps(summary, indent=2))
+  table = io.StringIO()
+  write_csv(table, summary)
+  write_atomic(out_dir / 'results.csv', table.getvalue())
   plot_all(out_dir, records, summary)
+  (out_dir / PARTIAL).unlink(missing_ok=True)
 
 
 def show_texts(say, records, greedy: bool) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
+import jax
 import ml_collections
 
 from specjax import config_lib, registry
@@ -50,6 +51,8 @@ FIELDS = {
   'measure_costs': 'time draft and verify steps before decoding (adaptive methods always do)',
   'quick': 'one --config.prompt: autoregressive and quick_method only, a short verdict',
   'quick_method': 'the speculative method a quick one-prompt run compares (e.g. ngram@2)',
+  'strict': 'a draft handing the verifier broken probabilities is an error, not a warning',
+  'resume': 'finish the interrupted run in --workdir (its finished prompts are not rerun)',
 }
 
 
@@ -82,8 +85,19 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
   for field, low in (('num_prompts', 1), ('batch_size', 1), ('max_new_tokens', 1), ('seed', 0)):
     _check_int(c, field, low)
   _check_int(c, 'cache_size', 2)
+  config_lib.check(
+    c.max_new_tokens < c.cache_size,
+    'max_new_tokens',
+    c.max_new_tokens,
+    f'fewer than config.cache_size = {c.cache_size} (a row holds its prompt and answer)',
+  )
   config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
   check_mesh(c)
+  for field in ('drafts', 'gammas', 'adaptive_gammas', 'trees', 'adaptive_trees'):
+    values = tuple(c.get(field, ()))
+    twice = sorted({repr(v) for v in values if values.count(v) > 1})
+    if twice:
+      raise ValueError(f'config.{field} = {values}: lists {", ".join(twice)} more than once')
   for field in ('gammas', 'adaptive_gammas'):
     values = tuple(c.get(field, ()))
     config_lib.check(
@@ -91,6 +105,13 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
       field,
       values,
       'draft lengths, each an integer >= 1',
+    )
+    config_lib.check(
+      all(g + 1 < c.cache_size for g in values),
+      field,
+      values,
+      f'draft lengths below config.cache_size - 1 = {c.cache_size - 1} (a verification '
+      'writes the draft and one more token)',
     )
   for text in tuple(c.get('trees', ())):
     try:
@@ -134,10 +155,50 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
         f'config.quick_method = {c.quick_method!r} needs config.adaptive_gammas (or '
         "adaptive_trees); or pick a fixed gamma such as 'ngram@2'"
       )
+    for spec in c.drafts:  # every draft asked for is a real one, even if this run skips it
+      registry.parse_draft(spec)
+    if quick.draft not in tuple(c.drafts):
+      setting = c.quick_method.partition('@')[2]
+      raise ValueError(
+        f'config.quick_method = {c.quick_method!r} drafts with {quick.draft}, which is not '
+        f'among config.drafts = {tuple(c.drafts)}: a one-prompt run compares one method; '
+        f'pass --config.quick_method={c.drafts[0] if c.drafts else "ngram"}@{setting} or '
+        '--config.quick=False (every draft)'
+      )
   methods = build_methods(c)
   for spec in dict.fromkeys(m.draft for m in methods if m.draft):
     registry.parse_draft(spec)
+  check_depths(c, methods)
   return methods
+
+
+def check_depths(config, methods) -> None:
+  """Every tree fits the cache, and no draft is asked to draft deeper than it can (a
+  feature head keeps the features of 15 positions), before any model loads."""
+  adaptive = tuple(config.adaptive_gammas) + tuple(s.depth for s in adaptive_trees(config))
+  for m in methods:
+    if not m.draft:
+      continue
+    tree = m.tree_spec
+    if tree is not None and tree.nodes + 1 >= config.cache_size:
+      raise ValueError(
+        f'method {m.name}: its tree has {tree.nodes} nodes, but config.cache_size = '
+        f'{config.cache_size} (a verification writes every node and one more token)'
+      )
+    for shape in adaptive_trees(config) if m.adaptive else ():
+      if shape.size + 1 >= config.cache_size:
+        raise ValueError(
+          f'config.adaptive_trees: a {shape.describe()} does not fit config.cache_size = '
+          f'{config.cache_size} (a verification writes every node and one more token)'
+        )
+    depth = m.gamma or (tree.max_depth if tree is not None else max(adaptive, default=0))
+    kind, _ = registry.parse_draft(m.draft)
+    if kind.max_depth and depth > kind.max_depth:
+      raise ValueError(
+        f'method {m.name}: the draft {m.draft} drafts at most {kind.max_depth} tokens deep, '
+        f'but this method asks for {depth}'
+        + (' (config.adaptive_gammas / adaptive_trees)' if m.adaptive else '')
+      )
 
 
 MESH_FIELDS = {
@@ -162,6 +223,13 @@ def check_mesh(config) -> None:
       f'mesh.{axis}',
       value,
       'an integer >= 1',
+    )
+  needed, have = mesh.data * mesh.model, jax.device_count()
+  if needed > have:
+    raise ValueError(
+      f'config.mesh: data={mesh.data} x model={mesh.model} needs {needed} devices, this run '
+      f'has {have} ({jax.devices()[0].platform}; on a CPU simulate more with '
+      f'XLA_FLAGS=--xla_force_host_platform_device_count={needed})'
     )
   mesh_rules(config)
 

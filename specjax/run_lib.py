@@ -9,34 +9,58 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import pathlib
 import time
 
 import jax
 import ml_collections
+import numpy as np
 
 from specjax import metrics, pairs, registry, report, run_config, verdict
 from specjax.bench import costs as costs_lib
 from specjax.bench import leaderboard
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
+from specjax.control.cost_model import Costs
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
 from specjax.data import prompts as prompts_lib
 from specjax.data import specbench
-from specjax.decode.engine import Engine
+from specjax.decode.engine import Engine, NonFiniteLogits
 from specjax.models import sharding as sharding_lib
 
 COST_GAMMAS = (1, 2, 4)  # always measured (with every gamma a method uses) for the cost model
 
 
-def make_workdir(workdir: str | None) -> pathlib.Path:
-  """Creates the work directory (default runs/<UTC time>) and checks it can be written."""
+RUN_FILES = ('generations.jsonl', report.PARTIAL, 'results.json')  # a run's, finished or not
+
+
+def make_workdir(workdir: str | None, resume: bool = False) -> pathlib.Path:
+  """Creates the work directory (default runs/<UTC time>, made unique) and checks it can
+  be written; one that already holds a run's results is an error, never overwritten
+  (`resume`: one holding an interrupted run's partial records is what is wanted)."""
   if not workdir:
     now = datetime.datetime.now(datetime.timezone.utc)
-    workdir = os.path.join('runs', now.strftime('%Y%m%d-%H%M%S'))
+    base = os.path.join('runs', now.strftime('%Y%m%d-%H%M%S'))
+    workdir = next(
+      f'{base}{suffix}'
+      for suffix in ('', *(f'-{i}' for i in range(2, 10_000)))
+      if not os.path.exists(f'{base}{suffix}')
+    )
   path = pathlib.Path(workdir)
+  held = [name for name in RUN_FILES if (path / name).exists()]
+  if resume and not (path / report.PARTIAL).exists():
+    raise ValueError(
+      f'config.resume=True but {str(path)!r} holds no interrupted run ({report.PARTIAL}): '
+      + ('it finished' if held else 'pass the work directory of the interrupted run')
+    )
+  if held and not resume:
+    raise ValueError(
+      f'work directory {str(path)!r} already holds a run ({", ".join(held)}): pass another '
+      '--workdir, or remove that one first'
+    )
   try:
     path.mkdir(parents=True, exist_ok=True)
     probe = path / '.write_test'
@@ -119,8 +143,12 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
   for spec, engine in engines.items():
     if spec:
       wanted = set(config.adaptive_gammas) or {1}  # (trees only: gamma 1 for c)
-      wanted |= set() if quick else set(COST_GAMMAS)
-      wanted |= {m.gamma for m in methods if m.draft == spec and m.gamma}
+      used = wanted | {m.gamma for m in methods if m.draft == spec and m.gamma}
+      wanted = used | (set() if quick else set(COST_GAMMAS))
+      # Every gamma the run uses is timed, in a larger cache bucket if the first batch's is
+      # too small for it; the cost model's extra gammas only where they fit.
+      while max(used) + 1 >= cache_size:  # ends: validation keeps gammas below the cache
+        cache_size = min(cache_size * 2, config.cache_size)
       gammas = tuple(sorted(g for g in wanted if g + 1 < cache_size))
       trees = adaptive_trees_of(config, engine, methods, spec)
       drafts[spec] = (engine.drafter, engine.draft_params, gammas, trees)
@@ -189,7 +217,18 @@ def load_workload(config) -> list[prompts_lib.Prompt]:
   return prompts_lib.load_prompts(config.prompts, config.num_prompts)
 
 
-def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive, say):
+def decode_all(
+  config,
+  engines,
+  methods,
+  workload,
+  encoded,
+  tokenizer,
+  adaptive,
+  say,
+  keep=lambda recs: None,
+  done=(),
+):
   """Every method on every batch, interleaved batch by batch: (records, compile seconds,
   inputs), `inputs` the prompt ids of each record ({method: [ids]}, aligned with records).
 
@@ -197,8 +236,13 @@ def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive,
   turn once every method has answered the one before, each method following its own answer
   (the chat so far: user, assistant, user), as Spec-Bench runs a method; rows of a batch
   without that turn sit it out. Every method's records come in the same order (a batch's
-  first turns, then its second turns) and carry their turn (1, 2, ...).
+  first turns, then its second turns) and carry their turn (1, 2, ...). `keep` receives
+  each (batch, turn)'s records once every method has run it (written to disk as they come);
+  `done` holds such records of an interrupted run, whose (batch, turn)s are not run again.
   """
+  finished = {}  # (batch, method) -> that (batch, turn)'s records, from `done`
+  for r in done:
+    finished.setdefault((r['batch'], r['method']), []).append(r)
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   records = {m.name: [] for m in methods}
   inputs = {m.name: [] for m in methods}
@@ -209,6 +253,16 @@ def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive,
     chats = {m.name: {j: [] for j in batch} for m in methods}  # each method's conversations
     for turn in range(1, 2 + max(len(workload[j].later_turns) for j in batch)):
       rows = [j for j in batch if len(workload[j].later_turns) >= turn - 1]
+      if all(len(finished.get((calls, m.name), ())) == len(rows) for m in methods):  # done
+        for m in methods:
+          for j, rec in zip(rows, finished[calls, m.name]):
+            chat = chats[m.name][j]
+            chat.append({'role': 'user', 'content': rec['prompt']})
+            records[m.name].append(rec)
+            inputs[m.name].append(encoded[j] if turn == 1 else tokenizer.encode_conversation(chat))
+            chat.append({'role': 'assistant', 'content': rec['output'].strip()})
+        calls += 1
+        continue
       for m in methods:
         ids, asked = [], []
         for j in rows:
@@ -242,6 +296,7 @@ def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive,
           inputs[m.name].append(ids[row])
           chats[m.name][j].append({'role': 'assistant', 'content': rec['output'].strip()})
       calls += 1
+      keep([records[m.name][-1 - k] for m in methods for k in reversed(range(len(rows)))])
       speeds = (
         f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s' for m in methods
       )
@@ -250,10 +305,134 @@ def decode_all(config, engines, methods, workload, encoded, tokenizer, adaptive,
   return records, compile_seconds, inputs
 
 
-def check_cache_fits(config, workload, encoded, tokenizer) -> None:
-  """Every prompt, and every later turn after answers of max_new_tokens, fits the cache:
-  an error naming the prompt, the turn and the slots it needs, before any decoding."""
-  new = config.max_new_tokens
+PLAN = 'plan.json'  # the costs a run measured and the methods it decodes
+CONTROLS = 'controls.npz'  # adaptive controllers' states after the last finished batch
+
+
+def load_plan(out_dir: pathlib.Path) -> dict | None:
+  path = out_dir / PLAN
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+@dataclasses.dataclass
+class ControlStates:
+  """Saves and restores the adaptive controllers' states with the finished records, so a
+  resumed run's controllers go on from where the interrupted run's were."""
+
+  engines: dict
+  adaptive: dict  # method name -> AdaptiveConfig
+  sampling: SamplingConfig
+  verifier: str
+
+  def save(self, out_dir: pathlib.Path, drafts: dict) -> None:
+    arrays = {}
+    for name, spec in drafts.items():
+      state = self.engines[spec].control_state(self.adaptive[name], self.sampling, self.verifier)
+      for i, leaf in enumerate(jax.tree.leaves(state) if state is not None else ()):
+        arrays[f'{name}/{i:03d}'] = np.asarray(leaf)
+    if arrays:
+      tmp = out_dir / (CONTROLS + '.tmp.npz')
+      np.savez(tmp, **arrays)
+      os.replace(tmp, out_dir / CONTROLS)
+
+  def restore(self, out_dir: pathlib.Path) -> None:
+    path = out_dir / CONTROLS
+    if not path.exists():
+      return
+    with np.load(path) as saved:
+      for name, config in self.adaptive.items():
+        keys = sorted(k for k in saved.files if k.rpartition('/')[0] == name)
+        if keys:
+          spec = name.rpartition('@')[0]
+          leaves = [saved[k] for k in keys]
+          self.engines[spec].restore_control(config, self.sampling, self.verifier, leaves)
+
+
+def resumed_records(out_dir: pathlib.Path, config, say) -> list[dict]:
+  """The finished records of the interrupted run in out_dir, after checking that it ran
+  this config (config.json, written when it started); a cut last line is dropped."""
+  saved = out_dir / 'config.json'
+  if saved.exists():
+    before = json.loads(saved.read_text())
+    now = json.loads(config.to_json_best_effort())
+    before.pop('resume', None), now.pop('resume', None)
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if changed:
+      raise ValueError(
+        f'config.resume=True: {out_dir} ran another config (changed: {", ".join(changed)})'
+      )
+  done = []
+  for line in (out_dir / report.PARTIAL).read_text().splitlines():
+    try:
+      done.append(json.loads(line))
+    except ValueError:  # cut while the last (batch, turn) was written: it runs again
+      done = [r for r in done if r['batch'] != done[-1]['batch']] if done else []
+      break
+  if done:  # a write cut at a line's end leaves the last (batch, turn) incomplete
+    last = [r for r in done if r['batch'] == done[-1]['batch']]
+    first = [r for r in done if r['batch'] == done[0]['batch']]
+    per_method = lambda recs: {
+      m: sum(r['method'] == m for r in recs) for m in {r['method'] for r in recs}
+    }
+    counts = per_method(last)
+    if set(counts) != set(per_method(first)) or len(set(counts.values())) != 1:
+      done = [r for r in done if r['batch'] != done[-1]['batch']]
+  lines = ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in done)
+  report.write_atomic(out_dir / report.PARTIAL, lines)  # without a cut line
+  say(f'resuming: {len(done)} finished records in {out_dir / report.PARTIAL}')
+  return done
+
+
+def untrusted_drafts(records, say) -> str:
+  """Says which methods' drafts handed the verifier untrusted probabilities (NaN,
+  negative, overflowing, or 0 at their own proposal) and how often; returns them ('' if
+  none)."""
+  names = []
+  for name, recs in records.items():
+    count = sum(r.get('untrusted', 0) for r in recs)
+    if count:
+      names.append(name)
+      iterations = sum(len(r['accepted']) for r in recs)
+      say(
+        f'warning: {name}: the draft handed the verifier broken probabilities (NaN, '
+        f'negative, overflowing, or 0 at its own proposal) in {count} of {iterations} iterations; '
+        'those positions were rejected and drawn from the target, so the output is still '
+        "the target's, but the draft is broken (a diverged head or a wrong vocabulary map?)"
+      )
+  return ', '.join(names)
+
+
+def fit_batches(config, methods, workload) -> ml_collections.ConfigDict:
+  """The config this run decodes with: batch_size at most the number of prompts (cost
+  measurement and the first batch would otherwise fill rows no prompt needs). A draft
+  that drafts rows in groups (consensus:N) needs every batch, each turn included, to be a
+  multiple of N rows: an error naming the batch, before any model loads."""
+  if config.batch_size > len(workload):
+    config = config.copy_and_resolve_references()
+    config.batch_size = len(workload)
+  for spec in dict.fromkeys(m.draft for m in methods if m.draft):
+    kind, settings = registry.parse_draft(spec)
+    group = kind.group(settings)
+    if group == 1:
+      continue
+    for i in range(0, len(workload), config.batch_size):
+      batch = workload[i : i + config.batch_size]
+      for turn in range(1, 2 + max(len(p.later_turns) for p in batch)):
+        rows = sum(len(p.later_turns) >= turn - 1 for p in batch)
+        if rows % group:
+          raise ValueError(
+            f'draft {spec} drafts {group} consecutive rows together, but the batch of prompts '
+            f'{i + 1}-{i + len(batch)} has {rows} rows at turn {turn}: pass a config.batch_size '
+            f'and config.num_prompts that are multiples of {group} (single-turn prompts)'
+          )
+  return config
+
+
+def check_cache_fits(config, workload, encoded, tokenizer, spare: int = 0) -> None:
+  """Every prompt, and every later turn after answers of max_new_tokens, fits the cache
+  with `spare` slots more (the largest tree's nodes): an error naming the prompt, the
+  turn and the slots it needs, before any decoding."""
+  new = config.max_new_tokens + spare
   for p, ids in zip(workload, encoded):
     chat = [{'role': 'user', 'content': p.text}]
     need, worst = len(ids) + new, 1
@@ -287,14 +466,32 @@ def main(
   pairs.check_paths(config)  # a paper pair's config without its directories: what to pass
   methods = run_config.validate(config)
   pairs.report_shapes(config, say)  # dry runs: the real models' bytes per device on the mesh
-  out_dir = make_workdir(workdir) if lead else None
+  resume = bool(config.get('resume', False))
+  if resume and jax.process_count() > 1:
+    raise ValueError('config.resume=True runs in one process only (this run has several)')
   workload = load_workload(config)
+  fitted = fit_batches(config, methods, workload)  # the user's config goes to config.json
+  out_dir = make_workdir(workdir, resume) if lead else None
+  done = resumed_records(out_dir, config, say) if lead and resume else []
+  if lead and not resume:  # written first: a resumed run checks it ran the same config
+    report.write_atomic(out_dir / 'config.json', config.to_json_best_effort(indent=2))
+  user_config, config = config, fitted
   start = time.perf_counter()
   model = loader.load_model(config.model, config.dtype)
   say(
     f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
     f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
   )
+  encoded = []  # the prompts against the context, before any draft loads
+  for p in workload:
+    try:
+      encoded.append(model.tokenizer.encode_chat(p.text))
+    except ValueError as e:
+      raise ValueError(f'prompt {p.id!r}: {e}') from None
+  spare = max((m.tree_spec.nodes for m in methods if m.tree), default=0)
+  if any(m.adaptive for m in methods):
+    spare = max([spare] + [s.size for s in run_config.adaptive_trees(config)])
+  check_cache_fits(config, workload, encoded, model.tokenizer, spare)
   engines = build_engines(config, model, methods)
   if engines[''].mesh is not None:
     say(describe_mesh(engines))
@@ -319,13 +516,6 @@ def main(
   for spec, name in drafts.items():
     untrained = '  (an untrained stand-in: expect low acceptance)' if 'untrained' in name else ''
     say(f'draft {spec}: {name}{untrained}')
-  encoded = []
-  for p in workload:
-    try:
-      encoded.append(model.tokenizer.encode_chat(p.text))
-    except ValueError as e:
-      raise ValueError(f'prompt {p.id!r}: {e}') from None
-  check_cache_fits(config, workload, encoded, model.tokenizer)
   cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
   quick = run_config.is_quick(config)  # one question: a short verdict
   # Adaptive control needs its drafts' costs even where the run measures none.
@@ -333,8 +523,12 @@ def main(
   if config.measure_costs and not quick:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
+  plan = load_plan(out_dir) if lead and resume else None
   costs = {}
-  if len(timed) > 1:
+  if plan is not None:  # the interrupted run's measurements: the same decisions again
+    costs = {spec: Costs.from_json(c) for spec, c in plan['costs'].items()}
+    say(f'resuming with the costs measured when the run started ({out_dir / PLAN})')
+  elif len(timed) > 1:
     costs = measure_costs(config, timed, methods, cache_size, say, quick)
   adaptive = {}
   for m in (m for m in methods if m.adaptive):
@@ -344,10 +538,38 @@ def main(
       trees=trees_of[m.name],
       catch_up_cost=catch_up_cost(engines[m.draft].drafter, costs[m.draft]),
     )
-  methods = skip_hopeless(config, engines, methods, costs, say)
-  records, compile_seconds, inputs = decode_all(
-    config, engines, methods, workload, encoded, model.tokenizer, adaptive, say
-  )
+  if plan is None:
+    methods = skip_hopeless(config, engines, methods, costs, say)
+  else:
+    methods = [m for m in methods if m.name in plan['methods']]
+  controls = ControlStates(engines, adaptive, sampling, config.verifier)
+  if plan is not None:
+    controls.restore(out_dir)
+  elif lead:
+    report.write_atomic(
+      out_dir / PLAN,
+      json.dumps(
+        {'methods': [m.name for m in methods], 'costs': {s: c.to_json() for s, c in costs.items()}},
+        indent=1,
+      ),
+    )
+
+  def keep(recs):
+    if lead:
+      report.append_records(out_dir, recs)
+      controls.save(out_dir, {m.name: m.draft for m in methods if m.adaptive})
+
+  try:
+    records, compile_seconds, inputs = decode_all(
+      config, engines, methods, workload, encoded, model.tokenizer, adaptive, say, keep, done
+    )
+  except BaseException as e:  # Ctrl-C, SIGTERM (as KeyboardInterrupt, see run.py), any error
+    if lead and (out_dir / report.PARTIAL).exists():
+      say(f'stopped: the prompts every method finished are in {out_dir / report.PARTIAL}')
+    if isinstance(e, NonFiniteLogits):
+      raise ValueError(f'model {config.model} in {config.dtype}: {e}') from None
+    raise
+  broken = untrusted_drafts(records, say)
   plans = {m.name: (m.draft, m.gamma, m.adaptive, m.tree) for m in methods}
   summaries, categories = metrics.summarize(records, compile_seconds, plans, costs)
   if config.temperature == 0:
@@ -368,7 +590,12 @@ def main(
     config, model.source, drafts, summaries, categories, costs, len(workload), records
   )
   if lead:
-    report.write_results(out_dir, config, records, summary)
+    report.write_results(out_dir, user_config, records, summary)
+    (out_dir / CONTROLS).unlink(missing_ok=True)  # the run is whole: nothing to resume
+  if broken and config.get('strict', False):
+    raise ValueError(
+      f'{broken}: its probabilities are broken (config.strict=True; results in {out_dir})'
+    )
   if specbench.is_specbench(config.prompts) and not config.prompt:
     board = leaderboard.markdown(records, summary, config)
     if lead:

@@ -66,9 +66,37 @@ def test_sampling_is_deterministic_per_seed(engine):
 
 def test_new_prompt_length_in_same_bucket_does_not_recompile(engine):
   engine.generate([[1, 2, 3]], 8)
-  before = engine._prefill._cache_size()
-  engine.generate([[5, 6, 7, 8, 9, 10]], 8)  # still bucket 16
-  assert engine._prefill._cache_size() == before
+  prefill, _ = next(reversed(engine._compiled.values()))
+  before = prefill._cache_size()
+  assert engine.generate([[5, 6, 7, 8, 9, 10]], 8).compile_seconds == 0  # still bucket 16
+  assert prefill._cache_size() == before == 1
+
+
+def test_executables_of_the_least_recently_used_shapes_are_freed(monkeypatch):
+  # A long run visits many (bucket, method) shapes: past MAX_COMPILED per method the oldest
+  # shape's functions are dropped, and with them its executables (JAX keeps executables
+  # of a jitted function only while the function lives); a shape that comes back compiles
+  # again with a warm-up, so its timing never includes compilation.
+  import gc
+  import weakref
+
+  from specjax.decode import engine as engine_lib
+
+  monkeypatch.setattr(engine_lib, 'MAX_COMPILED', 2)
+  cfg, params = testing.tiny_model(seed=3)
+  e = Engine(params, cfg, eos_id=-1, cache_size=128)
+  first = e.generate([[1, 2, 3]], 4)
+  alive = weakref.ref(next(iter(e._compiled.values()))[1])
+  e.generate([[1] * 20], 4)  # prompt bucket 32
+  e.generate([[1] * 40], 4)  # 64: the first shape is dropped
+  gc.collect()
+  assert len(e._compiled) == 2 and alive() is None
+  again = e.generate([[1, 2, 3]], 4)
+  assert again.compile_seconds > 0 and again.tokens == first.tokens
+  # Another method's shapes never evict these: each method keeps its own recent ones.
+  e.generate([[1, 2, 3]], 4, sampling_lib.SamplingConfig(1.0), seed=1)
+  assert len(e._compiled) == 3
+  assert e.generate([[1] * 40], 4).compile_seconds == 0
 
 
 @pytest.mark.parametrize(
@@ -90,3 +118,15 @@ def test_cache_larger_than_context_is_refused():
   cfg, params = testing.tiny_model(max_seq_len=64)
   with pytest.raises(ValueError, match='cache_size 128 exceeds the model context 64'):
     Engine(params, cfg, eos_id=-1, cache_size=128)
+
+
+def test_non_finite_target_logits_are_an_error():
+  # A target whose activations overflow (e.g. float16) or whose weights hold NaN has no
+  # distribution to sample: an error naming the rows and the dtype, never tokens.
+  from specjax.decode.engine import NonFiniteLogits
+
+  cfg, params = testing.tiny_model(seed=3)
+  params = dict(params, final_norm=params['final_norm'].at[0].set(jnp.nan))
+  engine = Engine(params, cfg, eos_id=-1, cache_size=128)
+  with pytest.raises(NonFiniteLogits, match=r'non-finite logits .* rows \[0, 1\].* float32'):
+    engine.generate(PROMPTS[:2], 4)

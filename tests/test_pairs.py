@@ -202,6 +202,20 @@ def test_gemma3_multimodal_directory_to_its_text_model(tmp_path):
   )
   with pytest.raises(ValueError, match='expected a Gemma 3 multimodal config'):
     pairs.gemma3_text_model(dst, tmp_path / 'again')
+  # The same directory twice is refused before anything is written (it truncated its own
+  # shard and looped forever); a cut shard is named, never a hang or a cut output.
+  before = (src / 'model-00001-of-00002.safetensors').read_bytes()
+  with pytest.raises(ValueError, match='SRC and DST are the same directory'):
+    pairs.gemma3_text_model(src, src / '.' / '..' / src.name)
+  assert (src / 'model-00001-of-00002.safetensors').read_bytes() == before
+  shard = src / 'model-00002-of-00002.safetensors'
+  shard.write_bytes(shard.read_bytes()[:-100])
+  with pytest.raises(ValueError, match='model-00002-of-00002.safetensors: truncated: tensor'):
+    pairs.gemma3_text_model(src, tmp_path / 'cut')
+  assert not (tmp_path / 'cut' / shard.name).exists()
+  shard.write_bytes(b'\x10\x00')
+  with pytest.raises(ValueError, match='truncated or not a safetensors file'):
+    pairs.gemma3_text_model(src, tmp_path / 'cut')
 
 
 def test_a_draft_with_fewer_vocabulary_rows_is_padded_to_the_target():

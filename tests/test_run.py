@@ -5,10 +5,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from specjax import config_lib, metrics, run_lib
+from specjax import config_lib, metrics, report, run_config, run_lib
 from specjax.checkpoints import loader
+from specjax.decode.engine import Engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +80,7 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     ('max_new_tokens', 0, r'config.max_new_tokens = 0: expected an integer >= 1'),
     ('batch_size', -1, 'config.batch_size'),
     ('num_prompts', 0, 'config.num_prompts'),
-    ('temperature', -0.5, 'temperature must be >= 0'),
+    ('temperature', -0.5, r'temperature must be 0 \(greedy\) or in'),
     ('top_p', 0.0, 'top_p'),
     ('dtype', 'float8', "config.dtype = 'float8'"),
     ('model', 'gpt-17', "unknown model 'gpt-17'"),
@@ -260,7 +262,7 @@ def test_command_line_overrides_and_errors(tmp_path):
     'adaptive_gammas? '
     '(known: adaptive_gammas, adaptive_trees, batch_size, cache_size, drafts, dtype, gammas, '
     'max_new_tokens, measure_costs, mesh, methods, model, num_prompts, prompt, prompts, quick, '
-    'quick_method, seed, temperature, top_k, top_p, trees, verifier)'
+    'quick_method, resume, seed, strict, temperature, top_k, top_p, trees, verifier)'
   ]
 
 
@@ -308,6 +310,32 @@ def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
     run_lib.main(tiny_config(adaptive_trees=('dynamic:4-2-2',)), str(tmp_path), verbose=False)
   with pytest.raises(ValueError, match='k >= 1 and 0 <= max_mismatches < k'):
     run_lib.main(tiny_config(drafts=('consensus:2,k=1,m=1',)), str(tmp_path), verbose=False)
+  # Checks that needed the models, or failed mid-run, now come first too.
+  bad = {
+    r"tree 'chain:100000': 100000 nodes, more than the 512": dict(trees=('chain:100000',)),
+    r'method ngram@dynamic:200-6-4: its tree has 200 nodes, but config.cache_size = 128': dict(
+      trees=('dynamic:200-6-4',), cache_size=128
+    ),
+    r'config.adaptive_trees: a tree of 64 nodes.* does not fit config.cache_size = 32': dict(
+      adaptive_trees=('4x3x2x1',), cache_size=32, max_new_tokens=4
+    ),
+    r'method eagle@16: the draft eagle drafts at most 15 tokens deep, but this method asks for '
+    r'16': dict(drafts=('eagle',), gammas=(16,)),
+    r'method eagle@adaptive: .* at most 15 tokens deep, but this method asks for 20': dict(
+      drafts=('eagle',), adaptive_gammas=(2, 20)
+    ),
+    r'draft consensus:2 drafts 2 consecutive rows together, but the batch of prompts 1-3 has '
+    r'3 rows at turn 1': dict(drafts=('consensus:2',), num_prompts=3, batch_size=4),
+    r'temperature must be 0 \(greedy\) or in \[0.0001': dict(temperature=1e-40),
+  }
+  for match, overrides in bad.items():
+    with pytest.raises(ValueError, match=match):
+      run_lib.main(tiny_config(**overrides), str(tmp_path / 'w'), verbose=False)
+  assert not (tmp_path / 'w').exists()  # no work directory for a run that never started
+  workload = run_lib.load_workload(tiny_config(num_prompts=2))
+  config = tiny_config(batch_size=64)  # more rows than prompts: two rows, not 64
+  assert run_lib.fit_batches(config, run_config.validate(config), workload).batch_size == 2
+  assert config.batch_size == 64  # the user's config is left as it was
 
 
 def test_quick_runs_can_be_turned_off_and_their_method_is_checked(tmp_path):
@@ -325,6 +353,100 @@ def test_quick_runs_can_be_turned_off_and_their_method_is_checked(tmp_path):
     run_lib.main(tiny_config(prompt='Hi!', quick_method='ngram@x'), str(tmp_path))
   with pytest.raises(ValueError, match='needs config.adaptive_gammas'):
     run_lib.main(tiny_config(prompt='Hi!', adaptive_gammas=()), str(tmp_path))
+
+
+def test_edge_inputs_run_to_the_end_or_fail_before_the_model_loads(tmp_path, monkeypatch):
+  # One new token (no decode steps: speedups are nan, not a ZeroDivisionError), and a gamma
+  # longer than the first batch's cache bucket (it is timed in a larger one).
+  one = run_lib.main(tiny_config(max_new_tokens=1), str(tmp_path / 'one'), verbose=False)
+  assert np.isnan(one['methods']['ngram@4']['decode_speedup'])
+  assert (tmp_path / 'one' / 'results.json').is_file()
+  short = tmp_path / 'short.jsonl'
+  short.write_text('{"prompt": "hi"}\n')
+  long = run_lib.main(
+    tiny_config(prompts=str(short), gammas=(1, 100), max_new_tokens=4, adaptive_gammas=()),
+    str(tmp_path / 'long'),
+    verbose=False,
+  )
+  assert {'ngram@100', 'truncated:1@100'} <= set(long['methods'])
+  monkeypatch.setattr(loader, 'load_model', lambda *a, **k: pytest.fail('loaded a model'))
+  with pytest.raises(ValueError, match=r'config.adaptive_gammas = \(100,\).*below config'):
+    run_lib.main(tiny_config(adaptive_gammas=(100,), cache_size=64), str(tmp_path / 'x'))
+  # A one-prompt run compares quick_method: drafts it would not run are still checked,
+  # and a quick_method whose draft is not among them is named.
+  with pytest.raises(ValueError, match="unknown draft 'nosuch'"):
+    run_lib.main(tiny_config(prompt='Hi!', drafts=('ngram', 'nosuch')), str(tmp_path / 'x'))
+  with pytest.raises(ValueError, match='drafts with ngram, which is not among config.drafts'):
+    run_lib.main(tiny_config(prompt='Hi!', drafts=('truncated:1',)), str(tmp_path / 'x'))
+  # A work directory holding a run is never overwritten.
+  with pytest.raises(ValueError, match='already holds a run'):
+    run_lib.main(tiny_config(), str(tmp_path / 'one'))
+
+
+def test_an_interrupted_run_keeps_every_finished_prompt(tmp_path, monkeypatch, capsys):
+  from specjax.data.prompts import Prompt
+
+  prompts = tmp_path / 'chat.jsonl'  # (a user's JSONL asks first turns only: the workload
+  prompts.write_text('{"prompt": "count to three"}\n{"prompt": "bye"}\n')  # is set below)
+  chat = [Prompt('1', 'count to three', 'default', ('again',)), Prompt('2', 'bye', 'default')]
+  monkeypatch.setattr(run_lib, 'load_workload', lambda config: list(chat))
+  calls, generate = [], Engine.generate
+
+  def interrupted(self, *args, **kwargs):
+    calls.append(1)
+    if len(calls) == 6:  # the first prompt's second turn, second method (four a turn)
+      raise KeyboardInterrupt
+    return generate(self, *args, **kwargs)
+
+  monkeypatch.setattr(Engine, 'generate', interrupted)
+  measured, measure = [], run_lib.measure_costs
+
+  def same_costs(*args, **kwargs):  # every run here decides from the same costs
+    measured.append(1)
+    if len(measured) == 1:
+      measured.append(measure(*args, **kwargs))
+    return measured[1]
+
+  monkeypatch.setattr(run_lib, 'measure_costs', same_costs)
+  base = dict(
+    prompts=str(prompts),
+    methods='ngram@4,truncated:1@4,ngram@adaptive',  # adaptive: its costs are measured
+    measure_costs=False,
+    temperature=1.0,
+    max_new_tokens=8,
+  )
+  with pytest.raises(KeyboardInterrupt):
+    run_lib.main(tiny_config(**base), str(tmp_path / 'run'))
+  partial = tmp_path / 'run' / report.PARTIAL
+  said = capsys.readouterr().out
+  assert f'stopped: the prompts every method finished are in {partial}' in said
+  kept = [json.loads(line) for line in partial.read_text().splitlines()]
+  assert [(r['method'], r['turn']) for r in kept] == [
+    ('autoregressive', 1),
+    ('ngram@4', 1),
+    ('truncated:1@4', 1),
+    ('ngram@adaptive', 1),
+  ]
+  assert not (tmp_path / 'run' / 'results.json').exists()
+  # Resumed: the finished turn is not run again (the second turn follows each method's
+  # kept answer), and the texts are an uninterrupted run's (same seeds, T = 1).
+  monkeypatch.setattr(Engine, 'generate', generate)
+  with pytest.raises(ValueError, match=r'ran another config \(changed: max_new_tokens'):
+    run_lib.main(tiny_config(**{**base, 'max_new_tokens': 6}, resume=True), str(tmp_path / 'run'))
+  calls.clear()
+  monkeypatch.setattr(Engine, 'generate', lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
+  before = len(measured)
+  resumed = run_lib.main(tiny_config(**base, resume=True), str(tmp_path / 'run'), False)
+  assert len(calls) == 8  # turn 2 of the first prompt and the second prompt, four methods
+  assert len(measured) == before  # the interrupted run's costs (plan.json), not new ones
+  whole = run_lib.main(tiny_config(**base), str(tmp_path / 'whole'), verbose=False)
+  texts = lambda d: [json.loads(x)['tokens'] for x in (d / 'generations.jsonl').open()]
+  assert texts(tmp_path / 'run') == texts(tmp_path / 'whole')
+  assert resumed['methods'].keys() == whole['methods'].keys() and not partial.exists()
+  # The resumed run reused the measured costs and the controller where it was left, so the
+  # adaptive method made the same choices as in the uninterrupted run.
+  drafted = lambda d: [json.loads(x)['drafted'] for x in (d / 'generations.jsonl').open()]
+  assert drafted(tmp_path / 'run') == drafted(tmp_path / 'whole')
 
 
 @pytest.mark.slow

@@ -29,6 +29,20 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
   assert kept(SamplingConfig(1.0, top_p=0.75)).tolist() == [False, True, False, True, True]
   assert kept(SamplingConfig(1.0, top_p=0.7)).tolist() == [False, True, False, True, False]
   assert kept(SamplingConfig(1.0, top_p=0.01)).tolist() == [False, True, False, False, False]
+  # Below float32's smallest number top_p rounds to 0: the top token still stays (it
+  # kept none, and the softmax of nothing was uniform).
+  assert kept(SamplingConfig(1.0, top_p=1e-50)).tolist() == [False, True, False, False, False]
+  p = np.asarray(probabilities(LOGITS, SamplingConfig(1.0, top_p=1e-50))[0])
+  np.testing.assert_array_equal(p, [0, 1, 0, 0, 0])
+
+
+def test_the_smallest_temperature_stays_finite():
+  # Near MIN_TEMPERATURE the warped distribution is one-hot, never NaN (1e-40 was).
+  from specjax.core.sampling import MIN_TEMPERATURE
+
+  big = LOGITS * 30  # logits up to ~90: / 1e-4 stays far below float32's largest
+  p = np.asarray(probabilities(big, SamplingConfig(MIN_TEMPERATURE))[0])
+  np.testing.assert_array_equal(p, [0, 1, 0, 0, 0])
 
 
 def test_temperature_sharpens_and_renormalises():
@@ -50,6 +64,9 @@ def test_samples_follow_the_warped_distribution():
   'kwargs,match',
   [
     ({'temperature': -1.0}, 'temperature'),
+    ({'temperature': 1e-40}, r'temperature must be 0 \(greedy\) or in \[0.0001, inf\)'),
+    ({'temperature': float('nan')}, 'temperature'),
+    ({'temperature': float('inf')}, 'temperature'),
     ({'top_k': -2}, 'top_k'),
     ({'top_p': 0.0}, 'top_p'),
     ({'top_p': 1.5}, 'top_p'),

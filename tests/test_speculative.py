@@ -167,6 +167,31 @@ def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
   assert chi_square_pvalue(samples, probs) < 1e-3
 
 
+def nan_draft(draft):
+  """The draft with its final norm's weights NaN: every q it hands over is NaN (a
+  diverged head)."""
+  cfg, params = draft
+  return cfg, {**params, 'final_norm': jnp.full_like(params['final_norm'], jnp.nan)}
+
+
+@pytest.mark.parametrize('verifier', ['rejection', 'block'])
+def test_a_nan_draft_leaves_sampling_exactly_the_targets(small_vocab, verifier):
+  target, draft = small_vocab
+  sampling = SamplingConfig(temperature=1.0)
+  engine = engine_with(target, nan_draft(draft), cache=16)
+  out = engine.generate([PROMPT] * N, 3, sampling, seed=1, gamma=2, verifier=verifier)
+  assert sum(map(sum, out.accepted)) == 0 and min(out.untrusted) >= 1
+  probs = exact_continuations(*target, sampling)
+  assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
+
+
+@pytest.mark.parametrize('sampling', SAMPLINGS, ids=['t1', 't0.7-k5-p0.9'])
+def test_an_honest_draft_is_never_untrusted(target, sampling):
+  engine = engine_with(target, truncated_target(*target, 1))
+  out = engine.generate(PROMPTS * 8, 24, sampling, gamma=3, verifier='rejection')
+  assert out.untrusted == [0] * len(PROMPTS) * 8 and sum(map(sum, out.accepted)) > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input.
 

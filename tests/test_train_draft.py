@@ -5,11 +5,13 @@ evaluation prompt; the trained draft loads and decodes losslessly."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -71,6 +73,13 @@ def test_sigkill_and_resume_ends_with_the_same_parameters(uninterrupted, tmp_pat
   assert proc.wait() == -signal.SIGKILL, 'the run finished before it could be killed'
   killed_at = max(_steps(tmp_path))
   assert 8 <= killed_at < 40
+  with (tmp_path / 'metrics.jsonl').open('a') as f:  # killed while a line was written
+    f.write('{"kind": "train", "st')
+  changed = subprocess.run(
+    [*_command(tmp_path), '--config.optim.lr=0.1'], env=env, capture_output=True, text=True
+  )
+  assert changed.returncode == 2 and 'Traceback' not in changed.stderr, changed.stderr[-2000:]
+  assert 'holds a run of another config (changed: optim)' in changed.stderr
   done = subprocess.run(_command(tmp_path), env=env, capture_output=True, text=True, timeout=240)
   assert done.returncode == 0, done.stderr[-2000:]
   assert f'resumed from step {killed_at}' in done.stdout
@@ -150,6 +159,41 @@ def test_no_evaluation_prompt_in_the_training_data(env, uninterrupted):
     assert not any(h in t for t in texts)
 
 
+@pytest.mark.parametrize(
+  'change,match', [('repeat', 'vocab_ids repeat 1 target ids'), ('range', r'ids in \[0, ')]
+)
+def test_a_draft_with_a_broken_vocabulary_map_is_refused(uninterrupted, tmp_path, change, match):
+  import safetensors.numpy
+
+  from specjax.checkpoints import draft_dir
+  from specjax.checkpoints.loader import load_model
+
+  target = load_model('tiny')
+  broken = tmp_path / 'draft'
+  shutil.copytree(uninterrupted / 'draft', broken)
+  tensors = safetensors.numpy.load_file(broken / draft_dir.WEIGHTS_FILE)
+  ids = tensors['vocab_ids'].copy()
+  ids[1] = ids[0] if change == 'repeat' else len(target.params['embed'])
+  safetensors.numpy.save_file({**tensors, 'vocab_ids': ids}, broken / draft_dir.WEIGHTS_FILE)
+  with pytest.raises(ValueError, match=match):
+    draft_dir.load_draft_dir(broken, target.params['embed'])
+
+
+def test_a_diverging_run_stops_and_keeps_its_last_finite_parameters(tmp_path, env):
+  bad = subprocess.run(
+    [*_command(tmp_path), '--config.optim.lr=1e30'],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  assert bad.returncode == 2 and 'Traceback' not in bad.stderr, bad.stderr[-2000:]
+  assert 'error: training diverged at step ' in bad.stderr
+  step, state = _final_state(tmp_path)
+  assert step < 40
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state['params']))
+
+
 def test_hugging_face_export_makes_the_same_greedy_choices(uninterrupted, tmp_path):
   import jax.numpy as jnp
 
@@ -169,3 +213,41 @@ def test_hugging_face_export_makes_the_same_greedy_choices(uninterrupted, tmp_pa
   ids = np.asarray(params['vocab_ids'])
   np.testing.assert_allclose(np.asarray(full)[..., ids], np.asarray(sub), rtol=1e-2, atol=1e-2)
   np.testing.assert_array_equal(ids[np.asarray(sub).argmax(-1)], np.asarray(full).argmax(-1))
+
+
+def test_loop_settings_are_checked_before_the_target_loads(tmp_path, monkeypatch):
+  from specjax import config_lib
+  from specjax.checkpoints import loader
+  from specjax.train import trainer
+
+  def no_loading(*args, **kwargs):
+    raise AssertionError('the target was loaded before the config was checked')
+
+  monkeypatch.setattr(loader, 'load_model', no_loading)
+  for field, value, match in (
+    ('log_every', 0, 'config.log_every = 0: expected an integer >= 1'),
+    ('num_steps', -1, 'config.num_steps = -1'),
+    ('checkpoint_every', 0, 'config.checkpoint_every = 0'),
+  ):
+    config = config_lib.load_config(ROOT / 'configs' / 'distill_smollm2.py', 'tiny')
+    config[field] = value
+    with pytest.raises(ValueError, match=match):
+      trainer.train(config, tmp_path / field)
+  config = config_lib.load_config(ROOT / 'configs' / 'distill_smollm2.py', 'tiny')
+  config.optim.lr = float('nan')
+  with pytest.raises(ValueError, match='config.optim.lr = nan: expected a finite rate > 0'):
+    trainer.train(config, tmp_path / 'lr')
+
+
+def test_labels_are_cached_per_model_weights_not_per_path():
+  from specjax import testing
+
+  _, params = testing.tiny_model(seed=1)
+  same = data_lib.fingerprint(params)
+  assert data_lib.fingerprint(jax.tree.map(np.array, params)) == same
+  changed = jax.tree.map(np.array, params)
+  changed['layers'][1]['wq'][3, 5] += 1.0  # one weight of a retrained model at the same path
+  flat = changed['layers'][1]['wq'].reshape(-1)
+  if flat.size > 65536:  # (the digest samples large arrays; the tiny ones are read whole)
+    pytest.skip('array larger than the sample')
+  assert data_lib.fingerprint(changed) != same

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_verify import KINDS, Tree, target_distribution
+from test_verify import KINDS, BrokenTree, Tree, target_distribution
 
 from specjax.core import tree as tree_lib
 from specjax.verify import tree as tree_verify
@@ -55,7 +55,7 @@ def draft_trees(tree, shape, children):
             q[tokens[j]] = 0.0
         # A drafter that has used up the draft's support proposes token 0 (one-hot).
         q = q / q.sum() if q.sum() > 0 else np.eye(tree.vocab)[0]
-      qs.append(q)
+      qs.append(tree.reported(ctx[parent]) if children == 'sampled' else q)
       weight *= q[tokens[i]]
     if weight > 0:
       out.append((list(tokens), weight, [tree.p(c) for c in ctx], qs))
@@ -116,6 +116,15 @@ def test_tree_verification_is_the_target_distribution(children, kind, shape, voc
 def test_every_edge_case_on_a_wide_tree(kind, children):
   tree, shape = Tree(3, kind, seed=7), tree_lib.parse_shape('0;1;2;0.0;0.1;1.0')
   assert_lossless(output_distribution(tree, shape, children), target_distribution(tree, 2))
+
+
+@pytest.mark.parametrize('broken', ['nan_q', 'unnormalised_q', 'overflowing_q', 'proposes_zero'])
+@pytest.mark.parametrize('shape', ['2', '2x1', '0;1;0.0'])
+def test_a_broken_draft_leaves_the_tree_output_exactly_the_targets(broken, shape):
+  tree, shape = BrokenTree(3, broken, len(shape)), tree_lib.parse_shape(shape)
+  assert_lossless(
+    output_distribution(tree, shape, 'sampled'), target_distribution(tree, shape.depth)
+  )
 
 
 def naive_plan(p, q, tokens, parents):

@@ -66,6 +66,48 @@ class Tree:
       self._q[prefix] = dist / dist.sum()
     return self._q[prefix]
 
+  def reported(self, prefix):
+    """The distribution the draft hands the verifier (its true proposal q here)."""
+    return self.q(prefix)
+
+
+class BrokenTree(Tree):
+  """A draft whose reported distribution is not the one it samples from, at the first
+  position and about half of the others: NaN rows, rows that do not sum to 1, rows whose
+  float32 total overflows, or a token
+  it proposes 30% of the time while reporting probability 0 for it (it samples the
+  reported row otherwise)."""
+
+  def __init__(self, vocab, kind, seed):
+    super().__init__(vocab, 'random', seed)
+    self.broken, self._r = kind, {}
+
+  def _rows(self, prefix):
+    prefix = tuple(prefix)
+    if prefix not in self._r:
+      honest = super().q(prefix)
+      true, shown = honest, honest
+      if prefix == () or self.rng.random() < 0.5:  # the first position always
+        if self.broken == 'nan_q':
+          shown = np.where(np.arange(self.vocab) == 0, np.nan, honest)
+        elif self.broken == 'unnormalised_q':
+          shown = honest * self.rng.choice([0.5, 3.0])
+        elif self.broken == 'overflowing_q':  # finite entries, a float32 total of inf
+          shown = np.where(honest > 0, 3e38, 0.0)
+        elif self.broken == 'proposes_zero':
+          t = self.rng.integers(self.vocab)
+          shown = np.where(np.arange(self.vocab) == t, 0.0, honest)
+          shown = shown / shown.sum()
+          true = 0.7 * shown + 0.3 * np.eye(self.vocab)[t]
+      self._r[prefix] = (true, shown)
+    return self._r[prefix]
+
+  def q(self, prefix):
+    return self._rows(prefix)[0]
+
+  def reported(self, prefix):
+    return self._rows(prefix)[1]
+
 
 def draft_blocks(tree, gamma):
   """Every block with positive draft probability, with its probability and (P, Q) arrays."""
@@ -76,7 +118,7 @@ def draft_blocks(tree, gamma):
       blocks.append(x)
       weights.append(w)
       ps.append([tree.p(x[:j]) for j in range(gamma + 1)])
-      qs.append([tree.q(x[:j]) for j in range(gamma)])
+      qs.append([tree.reported(x[:j]) for j in range(gamma)])
   return (np.array(blocks), np.array(weights), np.array(ps, np.float32), np.array(qs, np.float32))
 
 
@@ -128,6 +170,26 @@ def test_verifier_output_is_the_target_distribution(name, kind, gamma, vocab, se
   for z, prob in want.items():
     assert abs(got.get(z, 0.0) - prob) < 1e-5, (z, got.get(z, 0.0), prob)
   assert abs(sum(got.values()) - 1) < 1e-5
+
+
+@pytest.mark.parametrize('name', ['rejection', 'block'])
+@pytest.mark.parametrize('broken', ['nan_q', 'unnormalised_q', 'overflowing_q', 'proposes_zero'])
+@pytest.mark.parametrize('seed', range(4))
+def test_a_broken_draft_leaves_the_output_exactly_the_targets(name, broken, seed):
+  tree = BrokenTree(3, broken, seed)
+  got, want = output_distribution(name, tree, 2), target_distribution(tree, 2)
+  for z, prob in want.items():
+    assert abs(got.get(z, 0.0) - prob) < 1e-5, (z, got.get(z, 0.0), prob)
+
+
+def test_untrusted_names_nan_negative_and_zero_probability_proposals():
+  q = jnp.array([[[0.5, 0.5, 0.0], [jnp.nan, 0.5, 0.5], [0.5, 0.6, 0.0], [0.2, 0.8, 0.0]]])
+  q = jnp.concatenate([q, jnp.array([[[-0.1, 0.6, 0.5]]])], axis=1)
+  tokens = jnp.array([[1, 1, 0, 2, 1]])
+  assert common.untrusted(q, tokens).tolist() == [[False, True, False, True, True]]
+  fixed, bad = common.trusted(q, tokens)  # a row off 1 is its normalised self
+  np.testing.assert_allclose(fixed[0, 2], [0.5 / 1.1, 0.6 / 1.1, 0.0], rtol=1e-6)
+  assert np.all(np.asarray(fixed)[np.asarray(bad)] == 0)
 
 
 @pytest.mark.parametrize('kind', KINDS)

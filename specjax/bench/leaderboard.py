@@ -46,8 +46,10 @@ def group_figures(records: Mapping[str, list[dict]], categories: Sequence[str]) 
   for name, recs in records.items():
     m = metrics.summarize_method([recs[k] for k in pick], [base[k] for k in pick])
     out[name] = {
-      'speedup': m.tokens_per_second / ref.tokens_per_second,
-      'decode_speedup': m.decode_tokens_per_second / ref.decode_tokens_per_second,
+      'speedup': metrics.safe_ratio(m.tokens_per_second, ref.tokens_per_second),
+      'decode_speedup': metrics.safe_ratio(
+        m.decode_tokens_per_second, ref.decode_tokens_per_second
+      ),
       'tokens_per_call': m.tokens_per_call,
       'records': len(pick),
     }

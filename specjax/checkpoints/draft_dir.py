@@ -88,6 +88,17 @@ def load_draft_dir(directory: str | os.PathLike, target_embed, dtype=np.float32)
     for key, shape in shapes['layers'][i].items():
       if layer.get(key) is None or layer[key].shape != shape:
         raise ValueError(f'draft {directory}: layers.{i}.{key} missing or not of shape {shape}')
+  ids = np.asarray(params['vocab_ids'])
+  if ids.ndim != 1 or not len(ids) or ids.min() < 0 or ids.max() >= cfg.vocab_size:
+    raise ValueError(
+      f'draft {directory}: vocab_ids must be target token ids in [0, {cfg.vocab_size}), '
+      f'got {ids.size} ids' + (f' in [{ids.min()}, {ids.max()}]' if ids.size else '')
+    )
+  if len(np.unique(ids)) != len(ids):
+    raise ValueError(
+      f'draft {directory}: vocab_ids repeat {len(ids) - len(np.unique(ids))} target ids '
+      '(each draft column must stand for a distinct token, or its q is wrong)'
+    )
   if params['head'].shape != (cfg.d_model, len(params['vocab_ids'])):
     raise ValueError(
       f'draft {directory}: head shape {params["head"].shape} does not match '

@@ -63,6 +63,18 @@ class Costs:
     g = max(self.draft_ms)
     return self.draft_ms[g] / g / self.target_ms
 
+  @classmethod
+  def from_json(cls, data: dict) -> Costs:
+    """The inverse of to_json."""
+    return cls(
+      batch=data['batch'],
+      cache_size=data['cache_size'],
+      target_ms=data['target_ms'],
+      draft_ms={int(g): v for g, v in data['draft_ms'].items()},
+      verify_ms={int(g): v for g, v in data['verify_ms'].items()},
+      tree_ms={k: tuple(v) for k, v in data.get('tree_ms', {}).items()},
+    )
+
   def to_json(self) -> dict:
     return {
       'batch': self.batch,

@@ -183,8 +183,13 @@ class DraftKind:
     with `usage` for a bad one.
   build(settings, target, dtype: str) -> (Drafter, draft params or None): `target` is the
     loaded target (specjax.checkpoints.loader.LoadedModel: cfg, params, tokenizer, source).
+  max_depth: the longest chain (or tree depth) it can draft, 0 for no limit; and
+  group(settings): how many consecutive rows it drafts together (every batch a multiple):
+    both checked against a run config before any model loads.
   """
 
   usage: str
   parse: Callable[[Any], Any]
   build: Callable[[Any, Any, str], tuple[Drafter, Any]]
+  max_depth: int = 0
+  group: Callable[[Any], int] = lambda settings: 1

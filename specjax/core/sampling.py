@@ -9,11 +9,16 @@ the same function, so "lossless" always means: distributed as the *warped* targe
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
 NEG_INF = -1e30
+
+
+# The smallest positive temperature: logits / 1e-40 overflow float32 to inf (NaN output).
+MIN_TEMPERATURE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +30,11 @@ class SamplingConfig:
   top_p: float = 1.0  # 1: no nucleus restriction
 
   def __post_init__(self):
-    if not self.temperature >= 0:
-      raise ValueError(f'sampling temperature must be >= 0, got {self.temperature}')
+    if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
+      raise ValueError(
+        f'sampling temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, inf), got '
+        f'{self.temperature} (below {MIN_TEMPERATURE:g} the scaled logits overflow float32)'
+      )
     if not isinstance(self.top_k, int) or self.top_k < 0:
       raise ValueError(f'sampling top_k must be an integer >= 0, got {self.top_k!r}')
     if not 0 < self.top_p <= 1:
@@ -89,9 +97,11 @@ def warp_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
   if sampling.top_p < 1:
     sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
     probs = jax.nn.softmax(sorted_logits, axis=-1)
-    # Keep a sorted token while the mass before it is below top_p (the first always stays).
+    # Keep a sorted token while the mass before it is below top_p; the first always stays
+    # (a top_p below float32's smallest number would otherwise keep none).
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    kept = jnp.where(mass_before < sampling.top_p, sorted_logits, jnp.inf)
+    first = jnp.arange(probs.shape[-1]) == 0
+    kept = jnp.where((mass_before < sampling.top_p) | first, sorted_logits, jnp.inf)
     threshold = jnp.min(kept, axis=-1, keepdims=True)
     logits = jnp.where(logits < threshold, NEG_INF, logits)
   return logits

@@ -41,6 +41,12 @@ class SpecState:
   # Tree methods: [B, O] int32 the tree node each iteration stopped at (0: the root, or a
   # plain step), -1 past the last; None otherwise.
   stops: jax.Array | None = None
+  # [B] int32 iterations whose draft handed the verifier an untrusted distribution
+  # (verify.common.untrusted: NaN, negative, an overflowing total, or 0 at its proposal).
+  untrusted: jax.Array | None = None
+  # [B] bool: the target's logits at the end of the prompt were finite (prefill). False
+  # means its activations overflow in this dtype: the engine refuses to report that run.
+  target_finite: jax.Array | None = None
 
 
 @struct.dataclass

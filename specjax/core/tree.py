@@ -25,6 +25,7 @@ This module is part of the bottom layer: it imports nothing from specjax but cor
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 
@@ -259,6 +260,20 @@ TREE_USAGE = (
 )
 
 
+# The most nodes a tree may have: checked before a shape is built ('chain:100000' would
+# otherwise build 5e9 path entries); a verification writes every node into the KV cache.
+MAX_NODES = 512
+
+
+class TreeTooLarge(ValueError):
+  pass
+
+
+def _check_size(nodes: int, text: str) -> None:
+  if nodes > MAX_NODES:
+    raise TreeTooLarge(f'tree {text!r}: {nodes} nodes, more than the {MAX_NODES} a tree may have')
+
+
 def parse_tree(text: str) -> TreeSpec:
   """'dynamic:16-6-4' or a static shape (see parse_shape) -> TreeSpec."""
   text = str(text).strip()
@@ -267,9 +282,14 @@ def parse_tree(text: str) -> TreeSpec:
     if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
       raise ValueError(f'tree {text!r}: expected {TREE_USAGE}')
     size, depth, width = (int(p) for p in parts)
+    _check_size(size, text)
+    if depth > size or width > size:
+      raise ValueError(f'tree {text!r}: DEPTH and WIDTH are at most SIZE = {size}')
     return TreeSpec(size=size, depth=depth, width=width)
   try:
     return TreeSpec(shape=parse_shape(text))
+  except TreeTooLarge:
+    raise
   except ValueError:
     raise ValueError(f'tree {text!r}: expected {TREE_USAGE}') from None
 
@@ -282,11 +302,17 @@ def parse_shape(text: str) -> TreeShape:
       widths = [int(w) for w in text.split('x')]
       if min(widths) < 1:
         raise ValueError
+      _check_size(sum(math.prod(widths[: d + 1]) for d in range(len(widths))), text)
       return TreeShape.branching(widths)
     if text.startswith('chain:'):
-      return TreeShape.chain(int(text[len('chain:') :]))
+      gamma = int(text[len('chain:') :])
+      _check_size(gamma, text)
+      return TreeShape.chain(gamma)
+    _check_size(text.count(';') + 1, text)
     paths = tuple(tuple(int(r) for r in part.split('.')) for part in text.split(';'))
     return TreeShape(paths)
+  except TreeTooLarge:
+    raise
   except ValueError as e:
     detail = f' ({e})' if str(e) else ''
     raise ValueError(f'tree shape {text!r}: expected {_SHAPE_USAGE}{detail}') from None

@@ -6,6 +6,7 @@ decodes every row to the end; nothing returns to the host between tokens.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
@@ -26,6 +27,16 @@ from specjax.decode import prefill as prefill_lib
 from specjax.decode.loop import Method
 from specjax.models import sharding as sharding_lib
 
+# Shapes (prompt bucket, cache bucket, output buffer) per method and sampling whose
+# compiled executables an engine keeps alive, the least recently used dropped first: a
+# batch needs one shape per method and turn, so a run's batches never evict each
+# other's current shapes, and memory stays bounded over any number of prompts.
+MAX_COMPILED = 4
+
+
+class NonFiniteLogits(ValueError):
+  """The target's logits were NaN or infinite: its output cannot be trusted or sampled."""
+
 
 @dataclasses.dataclass
 class GenerationOutput:
@@ -43,6 +54,9 @@ class GenerationOutput:
   switches: int = 0  # adaptive control: changes of draft length during this batch
   stops: list[list[int]] = dataclasses.field(default_factory=list)  # tree methods: the node
   # each iteration stopped at, per row (0: the root or a plain step)
+  # Per row: iterations whose draft handed the verifier an untrusted distribution (NaN,
+  # negative, an overflowing total, or 0 at its own proposal); those positions were rejected.
+  untrusted: list[int] = dataclasses.field(default_factory=list)
 
   @property
   def num_generated(self) -> int:
@@ -169,17 +183,52 @@ class Engine:
       if mesh is not None
       else None
     )
-    self._prefill = jax.jit(
-      functools.partial(prefill_lib.prefill, constrain_cache=constrain, pad_id=pad_id),
-      static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
-    )
-    self._decode = jax.jit(
-      loop.decode,
-      static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
-      donate_argnames=('state',),
-    )
+    self._constrain = constrain
+    # Shape key -> its (prefill, decode) jitted functions. Each shape gets functions of its
+    # own (fresh partials), so that dropping the least recently used frees its compiled
+    # executables: a long run over many prompt buckets and methods compiled one pair per
+    # (method, bucket) and kept them all, until an executable no longer fit in memory.
+    self._compiled: collections.OrderedDict = collections.OrderedDict()
     self._warm: set = set()
     self._control: dict = {}  # adaptive method -> controller state after its last batch
+
+  def _functions(self, shape_key):
+    """The (prefill, decode) jitted functions of a shape, most recently used last; past
+    MAX_COMPILED shapes of one method and sampling the oldest of them is dropped with its
+    executables (it compiles again, with a warm-up, if it comes back)."""
+    fns = self._compiled.pop(shape_key, None)
+    if fns is None:
+      prefill = jax.jit(
+        functools.partial(prefill_lib.prefill, constrain_cache=self._constrain, pad_id=self.pad_id),
+        static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
+      )
+      decode = jax.jit(
+        functools.partial(loop.decode),
+        static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
+        donate_argnames=('state',),
+      )
+      fns = (prefill, decode)
+    self._compiled[shape_key] = fns
+    mine = [k for k in self._compiled if k[3:] == shape_key[3:]]  # same sampling and method
+    for old in mine[: max(0, len(mine) - MAX_COMPILED)]:
+      del self._compiled[old]
+      self._warm.discard(old)
+    return fns
+
+  def control_state(self, adaptive: AdaptiveConfig, sampling: SamplingConfig, verifier: str):
+    """The adaptive controller's state (host arrays) where that method's last batch left
+    it, or None before its first batch."""
+    return self._control.get((self.method(0, verifier, sampling, adaptive), sampling))
+
+  def restore_control(
+    self, adaptive: AdaptiveConfig, sampling: SamplingConfig, verifier: str, leaves
+  ) -> None:
+    """Sets that method's controller state from `leaves` (control_state's leaves, in
+    order): a resumed run goes on from where the interrupted one left it."""
+    template = jax.device_get(adaptive_lib.init(adaptive))
+    leaves = [np.asarray(x, np.asarray(t).dtype) for x, t in zip(leaves, jax.tree.leaves(template))]
+    state = jax.tree.unflatten(jax.tree.structure(template), leaves)
+    self._control[(self.method(0, verifier, sampling, adaptive), sampling)] = state
 
   def reset_control(self) -> None:
     """Forgets what adaptive control learned: the next batch starts from the prior."""
@@ -299,6 +348,7 @@ class Engine:
       prompts, max_new_tokens, method.spare
     )
     shape_key = (tokens.shape, out_len, cache_size, sampling, method)
+    self._functions(shape_key)  # most recently used: never the one dropped below
     compile_seconds = 0.0
     if shape_key not in self._warm:
       # The warm-up compiles, then runs one decode iteration: on XLA:CPU the first
@@ -312,18 +362,33 @@ class Engine:
         controls = [first.replace(choice=np.int32(a)) for a in range(len(method.adaptive.arms))]
       warm = np.minimum(max_new, 2)
       for control in controls:
-        self._run(tokens, lengths, warm, out_len, cache_size, sampling, seed, method, control)
+        self._run(
+          tokens, lengths, warm, out_len, cache_size, sampling, seed, method, shape_key, control
+        )
       compile_seconds = time.perf_counter() - start
       self._warm.add(shape_key)
-    out = self._run(tokens, lengths, max_new, out_len, cache_size, sampling, seed, method)
+    out = self._run(
+      tokens, lengths, max_new, out_len, cache_size, sampling, seed, method, shape_key
+    )
     out.compile_seconds = compile_seconds
     return out
 
   def _run(
-    self, tokens, lengths, max_new, out_len, cache_size, sampling, seed, method, warm_control=None
+    self,
+    tokens,
+    lengths,
+    max_new,
+    out_len,
+    cache_size,
+    sampling,
+    seed,
+    method,
+    shape_key,
+    warm_control=None,
   ) -> GenerationOutput:
     """One batch; with `warm_control` (a warm-up run) the controller starts from it and
     what it learns is dropped."""
+    prefill, decode = self._compiled[shape_key]
     start = time.perf_counter()
     params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
     control = self._control.get((method, sampling))  # host copies: decode donates its state
@@ -331,7 +396,7 @@ class Engine:
       control = warm_control
     if method.adaptive is not None and control is None:  # a state, never None: no recompile
       control = jax.device_get(adaptive_lib.init(method.adaptive))
-    state = self._prefill(
+    state = prefill(
       params,
       self._put(tokens),
       self._put(lengths),
@@ -347,10 +412,10 @@ class Engine:
     )
     jax.block_until_ready(state)
     mid = time.perf_counter()
-    state = self._decode(
+    state = decode(
       params, state, cfg=self.cfg, method=method, sampling=sampling, eos_id=self.eos_id
     )
-    out_tokens, counts, steps, accepted, drafted, stops = fetch(
+    out_tokens, counts, steps, accepted, drafted, stops, untrusted, finite = fetch(
       (
         state.tokens,
         state.num_generated,
@@ -358,9 +423,19 @@ class Engine:
         state.spec.accepted,
         state.spec.drafted,
         state.spec.stops,
+        state.spec.untrusted,
+        state.spec.target_finite,
       )
     )
     end = time.perf_counter()
+    if finite is not None and not finite.all():
+      dtype = jax.tree.leaves(self.params)[0].dtype
+      rows = np.flatnonzero(~finite).tolist()
+      raise NonFiniteLogits(
+        f'the target model ({self.cfg.n_layers} layers, parameters in {dtype}) gave '
+        f'non-finite logits at the end of the prompt of batch rows {rows}: its activations '
+        'overflow (or its weights hold NaN/inf) in this dtype; use float32 or bfloat16'
+      )
     switches = 0
     if method.adaptive is not None:
       final = fetch(state.spec.control)
@@ -376,6 +451,7 @@ class Engine:
       accepted=[row[row >= 0].tolist() for row in accepted],
       stops=[] if stops is None else [s[a >= 0].tolist() for s, a in zip(stops, accepted)],
       drafted=[row[row >= 0].tolist() for row in drafted],
+      untrusted=[] if untrusted is None else untrusted.tolist(),
       gamma=method.gamma,
       switches=switches,
     )

@@ -38,6 +38,7 @@ from specjax.core import sampling as sampling_lib
 from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter
 from specjax.core.state import DecodeState, commit
+from specjax.verify import common as verify_common
 from specjax.verify import tree as tree_verify
 
 
@@ -116,19 +117,22 @@ def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
   """Verifies draft[B, K] against the target's logits[B, K+1, V] over [last token, draft].
 
   Returns (new tokens [B, max_gamma + 1] of which accepted + 1 count, accepted [B],
-  drafted [B]).
+  drafted [B], untrusted [B]: whether a draft position's q was not to be trusted).
   """
   gamma = draft.shape[1]
   p = sampling_lib.probabilities(logits, sampling)
   # A deterministic drafter's q is one-hot: built here, only when a draft is verified.
   dists = jax.nn.one_hot(draft, p.shape[-1], dtype=p.dtype) if q is None else q
   accepted, nxt = registry.VERIFIERS.get(method.verifier).verify(p, dists, draft, key)
+  untrusted = None
+  if q is not None and method.verifier != 'greedy':
+    untrusted = jnp.any(verify_common.untrusted(q, draft), -1)
   offsets = jnp.arange(gamma + 1)
   new_tokens = jnp.where(
     offsets < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))), nxt[:, None]
   )
   new_tokens = jnp.pad(new_tokens, ((0, 0), (0, max_gamma - gamma)))
-  return new_tokens, accepted, jnp.full_like(accepted, gamma)
+  return new_tokens, accepted, jnp.full_like(accepted, gamma), untrusted
 
 
 def _finish(
@@ -144,12 +148,14 @@ def _finish(
   counted=True,
   features=None,
   stop=None,
+  untrusted=None,
 ) -> DecodeState:
   """Records the iteration, commits its tokens and rolls the drafter back.
 
   `counted` False (a traced bool) leaves the iteration count as it was. `features` are
   the target's captured features of this iteration's forward (feature drafters). `stop`
-  is a tree iteration's stopping node (tree methods record 0 for plain steps).
+  is a tree iteration's stopping node (tree methods record 0 for plain steps);
+  `untrusted` [B] bool, rows whose draft handed the verifier an untrusted q (counted).
   """
   start = state.cache.lengths
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
@@ -160,6 +166,8 @@ def _finish(
     spec = spec.replace(
       stops=record(spec.stops, jnp.zeros_like(accepted) if stop is None else stop)
     )
+  if untrusted is not None and spec.untrusted is not None:
+    spec = spec.replace(untrusted=spec.untrusted + (untrusted & ~state.done).astype(jnp.int32))
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
   state = commit(state, new_tokens, accepted + 1, eos_id)
   if method.drafter is not None:
@@ -252,7 +260,7 @@ def _lookup_step(
   logits, cache, feats = target_forward(
     target, jnp.concatenate([state.last_tokens[:, None], draft], 1), state.cache, cfg, method
   )
-  new_tokens, accepted, drafted = _verify(
+  new_tokens, accepted, drafted, untrusted = _verify(
     logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=max_gamma
   )
   return _finish(
@@ -266,6 +274,7 @@ def _lookup_step(
     eos_id=eos_id,
     counted=~jnp.all(state.done),
     features=feats,
+    untrusted=untrusted,
   )
 
 
@@ -306,6 +315,13 @@ def _tree_round(
     feats = jnp.take_along_axis(out[2], path[..., None], axis=1)  # the path's, in order
   draft_state = method.drafter.accept_path(draft_state, draft, path, accepted)
   drafted = jnp.sum(draft.parents >= 0, axis=1).astype(jnp.int32)
+  untrusted = None
+  if draft.q is not None and not sampling.greedy:
+    bad = verify_common.untrusted(draft.q, draft.tokens) & (draft.parents >= 0)
+    # A sampled sibling past its parent's support has q all zero: an honest draft with
+    # nothing left to propose there. The verifier rejects it; it is not counted as broken.
+    exhausted = jnp.all(draft.q == 0, axis=-1)
+    untrusted = jnp.any(bad & ~exhausted, -1)
   return _finish(
     state,
     new_tokens,
@@ -318,6 +334,7 @@ def _tree_round(
     counted=counted,
     features=feats,
     stop=jnp.take_along_axis(path, accepted[:, None], axis=1)[:, 0],
+    untrusted=untrusted,
   )
 
 
@@ -326,7 +343,7 @@ def _iteration(params, state: DecodeState, key, *, cfg, method: Method, sampling
 
   Returns (new tokens [B, gamma + 1] of which accepted + 1 count, accepted [B], drafted
   [B], target cache, features (None unless the drafter reads target features), draft
-  state).
+  state, untrusted [B] or None).
   """
   k_draft, k_verify = jax.random.split(key)
   last = state.last_tokens[:, None]  # [B, 1]
@@ -336,17 +353,17 @@ def _iteration(params, state: DecodeState, key, *, cfg, method: Method, sampling
     logits, cache, feats = target_forward(target, last, state.cache, cfg, method)
     token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
     zeros = jnp.zeros_like(state.num_generated)
-    return token, zeros, zeros, cache, feats, draft_state
+    return token, zeros, zeros, cache, feats, draft_state, None
   draft, q, draft_state = method.drafter.propose(
     params['draft'], draft_state, state, k_draft, method.gamma, sampling
   )
   logits, cache, feats = target_forward(
     target, jnp.concatenate([last, draft], 1), state.cache, cfg, method
   )  # [B, K+1, V]
-  new_tokens, accepted, drafted = _verify(
+  new_tokens, accepted, drafted, untrusted = _verify(
     logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=method.gamma
   )
-  return new_tokens, accepted, drafted, cache, feats, draft_state
+  return new_tokens, accepted, drafted, cache, feats, draft_state, untrusted
 
 
 def step(
@@ -389,7 +406,7 @@ def step(
       eos_id=eos_id,
     )
   key, sub = jax.random.split(state.key)
-  new_tokens, accepted, drafted, cache, feats, draft_state = _iteration(
+  new_tokens, accepted, drafted, cache, feats, draft_state, untrusted = _iteration(
     params, state, sub, cfg=cfg, method=method, sampling=sampling
   )
   return _finish(
@@ -402,6 +419,7 @@ def step(
     method=method,
     eos_id=eos_id,
     features=feats,
+    untrusted=untrusted,
   )
 
 

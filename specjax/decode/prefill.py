@@ -78,5 +78,7 @@ def prefill(
     draft=draft_state,
     control=control if method.adaptive is not None else None,
     stops=history if method.tree_specs else None,
+    untrusted=jnp.zeros((b,), jnp.int32),
+    target_finite=jnp.all(jnp.isfinite(logits), axis=-1),
   )
   return state.replace(spec=spec)

@@ -292,4 +292,5 @@ CONSENSUS = DraftKind(
   usage=CONSENSUS_USAGE,
   parse=_parse,
   build=lambda settings, target, dtype: (ConsensusDrafter(target.cfg.vocab_size, **settings), None),
+  group=lambda settings: settings['group'],
 )

@@ -238,4 +238,4 @@ def _build(path, target, dtype):
   return EagleDrafter(cfg, name=name), {'head': head, 'embed': embed}
 
 
-EAGLE = DraftKind(usage=USAGE, parse=_parse, build=_build)
+EAGLE = DraftKind(usage=USAGE, parse=_parse, build=_build, max_depth=EagleDrafter.ring - 1)

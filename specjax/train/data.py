@@ -104,8 +104,22 @@ def chunks(ids: list[int], seq_len: int, count: int, rng: np.random.Generator) -
   return [ids[s : s + seq_len] for s in sorted(picked)]
 
 
+def fingerprint(params) -> str:
+  """A digest of a model's weights (every array's shape, dtype and 64k values spread over
+  it): labels cached for one model are never read for another saved at the same path."""
+  h = hashlib.sha256()
+  for path, a in jax.tree_util.tree_flatten_with_path(params)[0]:
+    h.update(f'{jax.tree_util.keystr(path)}{a.shape}{a.dtype}'.encode())
+    flat = a.reshape(-1)  # sampled where it lives: no copy of the whole weight to the host
+    h.update(np.ascontiguousarray(np.asarray(flat[:: max(1, flat.size // 65536)])).tobytes())
+  return h.hexdigest()[:16]
+
+
 def _cache_key(target, config) -> str:
-  desc = json.dumps({'target': target.source, 'data': config.to_dict()}, sort_keys=True)
+  desc = json.dumps(
+    {'target': target.source, 'weights': fingerprint(target.params), 'data': config.to_dict()},
+    sort_keys=True,
+  )
   return hashlib.sha256(desc.encode()).hexdigest()[:16]
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import pathlib
 import signal
@@ -101,7 +102,9 @@ def make_train_step(cfg, optimizer, divergence: str, position_keep: float = 1.0)
 
 def optimizer_step(loss, optimizer):
   """A jitted (state, frozen, batch, key) -> (state, metrics) for any
-  loss(params, frozen, batch, key) -> (loss, metrics): one optax update."""
+  loss(params, frozen, batch, key) -> (loss, metrics): one optax update. A step whose loss,
+  gradients or new parameters are not finite returns the state unchanged, with
+  metrics['finite'] False."""
   grad_fn = jax.value_and_grad(loss, has_aux=True)
 
   @functools.partial(jax.jit, donate_argnums=0)
@@ -109,8 +112,11 @@ def optimizer_step(loss, optimizer):
     (loss, aux), grads = grad_fn(state['params'], frozen, batch, key)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux}
-    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(params))
+    metrics = {'loss': loss, 'grad_norm': grad_norm, 'finite': finite, **aux}
+    new = {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state), metrics
 
   return step
 
@@ -175,8 +181,14 @@ class MetricsLog:
     self.path = path
     self.records = []
     if path.exists():
-      for line in path.read_text().splitlines():
-        r = json.loads(line)
+      lines = path.read_text().splitlines()
+      for i, line in enumerate(lines):
+        try:
+          r = json.loads(line)
+        except ValueError:
+          if i == len(lines) - 1:  # cut while it was written (a kill): logged again
+            break
+          raise ValueError(f'{path}, line {i + 1}: not JSON (a damaged metrics log)') from None
         if r['step'] <= resume_step:
           self.records.append(r)
     path.write_text(''.join(json.dumps(r) + '\n' for r in self.records))
@@ -217,6 +229,10 @@ class MetricsLog:
 
 
 class _Stop(Exception):
+  pass
+
+
+class _NonFinite(Exception):
   pass
 
 
@@ -321,13 +337,67 @@ def distill_task(config, progress=print) -> Task:
   )
 
 
+# What a resumed run may change: how long it runs and how often it logs and saves.
+RESUMABLE = ('num_steps', 'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints')
+
+
+def _check(condition: bool, field: str, value, expected: str) -> None:
+  if not condition:
+    raise ValueError(f'config.{field} = {value!r}: expected {expected}')
+
+
+def check_config(config) -> None:
+  """The loop's settings, before the target loads or any data is built."""
+  for field, low in (
+    ('batch_size', 1),
+    ('num_steps', 1),
+    ('log_every', 1),
+    ('eval_every', 0),
+    ('eval_batch', 1),
+    ('checkpoint_every', 1),
+    ('keep_checkpoints', 1),
+  ):
+    value = config.get(field)
+    _check(
+      isinstance(value, int) and not isinstance(value, bool) and value >= low,
+      field,
+      value,
+      f'an integer >= {low}',
+    )
+  lr = config.optim.lr
+  _check(isinstance(lr, (int, float)) and 0 < lr < math.inf, 'optim.lr', lr, 'a finite rate > 0')
+
+
+def check_resume(config, workdir: pathlib.Path) -> None:
+  """A workdir's saved config.json against this config: a resumed run must train the same
+  draft on the same data (only RESUMABLE fields may change); a new one is written."""
+  saved = workdir / 'config.json'
+  now = json.loads(config.to_json_best_effort())
+  if saved.exists() and (workdir / 'checkpoints').exists():
+    before = json.loads(saved.read_text())
+    changed = sorted(
+      k for k in before.keys() | now.keys() if k not in RESUMABLE and before.get(k) != now.get(k)
+    )
+    if changed:
+      raise ValueError(
+        f'{workdir} holds a run of another config (changed: {", ".join(changed)}): resuming '
+        'would mix two trainings; pass another --workdir (only '
+        f'{", ".join(RESUMABLE)} may change on resume)'
+      )
+  tmp = saved.with_suffix('.json.tmp')
+  tmp.write_text(json.dumps(now, indent=2) + '\n')
+  os.replace(tmp, saved)
+
+
 def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict:
   """Trains (or resumes) a draft per `config` in `workdir`; returns the final evaluation.
 
   `config.kind` picks the draft: 'distilled' (default) or 'eagle' (a feature head).
   """
+  check_config(config)
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
+  check_resume(config, workdir)
   kind = config.get('kind', 'distilled')
   if kind == 'eagle':
     from specjax.train import eagle_head
@@ -364,10 +434,13 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
     total=config.num_steps, initial=start, disable=not progress_bar, dynamic_ncols=True
   )
   step, tokens_seen, t0 = start, 0, time.perf_counter()
+  diverged = None  # a non-finite loss: training stops at the last finite state
   try:
     for step in range(start, config.num_steps):
       batch = task.batch(step)
       state, metrics = task.train_step(state, task.frozen, batch, jax.random.fold_in(key, step))
+      if not bool(metrics.pop('finite', True)):
+        raise _NonFinite(f'step {step + 1}: loss {float(metrics["loss"])}')
       tokens_seen += batch['tokens'].size
       done = step + 1
       if done % config.log_every == 0 or done == config.num_steps:
@@ -392,6 +465,8 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
       bar.update(1)
   except (_Stop, KeyboardInterrupt):
     print(f'stopping at step {int(state["step"])}: saving a checkpoint', flush=True)
+  except _NonFinite as e:
+    diverged = f'{e}, gradient norm {float(metrics["grad_norm"])}'
   finally:
     signal.signal(signal.SIGTERM, old_handler)
     bar.close()
@@ -403,4 +478,9 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
   metrics_log.plot(workdir)
   evals = [r for r in metrics_log.records if r['kind'] == 'eval']
   task.save(workdir, state['params'], final, evals)
+  if diverged:
+    raise ValueError(
+      f'training diverged at {diverged} (not finite): stopped; the checkpoint and the draft in '
+      f'{workdir} are those of step {final}, the last finite one (a lower learning rate?)'
+    )
   return evals[-1] if evals else {}

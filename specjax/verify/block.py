@@ -22,6 +22,10 @@ from specjax.verify import common
 
 def block_plan(p: jax.Array, q: jax.Array, draft: jax.Array) -> common.Plan:
   k = draft.shape[-1]
+  # From the first untrusted position j on (common.untrusted), the block is verified as
+  # a block of j tokens: h_j = w_j, nothing kept past j, the next token from p_j.
+  q, bad = common.trusted(q, draft)
+  cut = jnp.argmax(jnp.concatenate([bad, jnp.ones_like(bad[:, :1])], -1), -1)  # [B]: j or K
   step = common.ratio(
     common.draft_token_probs(p[:, :k], draft), common.draft_token_probs(q, draft)
   )  # [B, K]
@@ -39,6 +43,12 @@ def block_plan(p: jax.Array, q: jax.Array, draft: jax.Array) -> common.Plan:
   h = jnp.where(denom > common.TINY, mass / jnp.maximum(denom, common.TINY), 0.0)
   thresholds = jnp.concatenate([h[:, 1:k], w[:, k:]], axis=1)  # h_1..h_{K-1}, h_K = w_K
   residuals = jnp.concatenate([common.normalise_or(excess[:, :k], p[:, :k]), p[:, k:]], axis=1)
+  i = jnp.arange(1, k + 1)
+  thresholds = jnp.where(
+    i < cut[:, None], thresholds, jnp.where(i == cut[:, None], w[:, 1:], 0.0)
+  )  # fmt: skip
+  at_cut = jnp.arange(k + 1) == cut[:, None]
+  residuals = jnp.where(at_cut[..., None], p, residuals)
   return common.Plan(thresholds=thresholds, residuals=residuals, rule='last_success')
 
 

@@ -74,6 +74,36 @@ def normalise_or(residual: jax.Array, fallback: jax.Array) -> jax.Array:
   return jnp.where(total > TINY, residual / jnp.maximum(total, TINY), fallback)
 
 
+def untrusted(q: jax.Array, tokens: jax.Array) -> jax.Array:
+  """[B, K] True where the draft's distribution q[B, K, V] cannot be the one its token
+  tokens[B, K] was drawn from: a non-finite or negative entry, a total that overflows
+  float32, or the proposed token at probability 0 (a draft sampling from q never proposes one).
+
+  Verifiers reject such a position outright and draw from the target's own distribution
+  there, so a broken draft (a diverged head) costs speed, never exactness; a draft whose
+  tokens are samples of q is never affected.
+  """
+  finite = jnp.all(jnp.isfinite(q) & (q >= 0), axis=-1)
+  safe = jnp.where(finite[..., None], q, 0)
+  # Finite entries whose total overflows (exp of logits without the divide) would
+  # normalise to all zeros, a ratio of inf: accepted every time.
+  total = jnp.sum(safe.astype(jnp.float32), axis=-1)
+  at = draft_token_probs(safe, tokens)
+  return ~finite | ~jnp.isfinite(total) | ~(at > 0)
+
+
+def trusted(q: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(q normalised to sum 1 per position, zero where `untrusted`; that mask [B, K]).
+
+  Samplers draw in proportion to q, so a row that sums to other than 1 (a draft's float
+  rounding, or a missing softmax) is its normalised self.
+  """
+  bad = untrusted(q, tokens)
+  safe = jnp.where(bad[..., None], 0.0, q)
+  total = jnp.sum(safe.astype(jnp.float32), -1, keepdims=True).astype(q.dtype)
+  return jnp.where(bad[..., None], 0.0, safe / jnp.where(bad[..., None], 1.0, total)), bad
+
+
 def ratio(p: jax.Array, q: jax.Array) -> jax.Array:
   """p / q with q = 0 read as an unbounded ratio where p > 0 and as 0 where p = 0."""
   return jnp.where(q > 0, p / jnp.where(q > 0, q, 1.0), jnp.where(p > 0, jnp.inf, 0.0))

@@ -15,9 +15,12 @@ from specjax.verify import common
 
 def rejection_plan(p: jax.Array, q: jax.Array, draft: jax.Array) -> common.Plan:
   k = draft.shape[-1]
+  # An untrusted position (common.untrusted) is rejected, its residual p itself.
+  q, bad = common.trusted(q, draft)
   accept = jnp.minimum(
     1.0, common.ratio(common.draft_token_probs(p[:, :k], draft), common.draft_token_probs(q, draft))
   )
+  accept = jnp.where(bad, 0.0, accept)
   q_ext = jnp.concatenate([q, jnp.zeros_like(p[:, :1])], axis=1)  # nothing to subtract at K
   residuals = common.normalise_or(jnp.maximum(p - q_ext, 0.0), p)
   return common.Plan(thresholds=accept, residuals=residuals, rule='first_failure')

@@ -60,8 +60,11 @@ def rejection_tree_plan(p, q, tokens, parents) -> TreePlan:
       accept = rx
       rest = common.normalise_or(r * (jnp.arange(r.shape[-1]) != x[:, None]), r)
     else:
-      qi = q[:, i]
+      # An untrusted child (common.untrusted) is never accepted and removes nothing.
+      qi, bad = common.trusted(q[:, i][:, None], x[:, None])
+      qi, bad = qi[:, 0], bad[:, 0]
       accept = jnp.minimum(1.0, common.ratio(rx, jnp.take_along_axis(qi, x[:, None], 1)[:, 0]))
+      accept = jnp.where(bad, 0.0, accept)
       rest = common.normalise_or(jnp.maximum(r - qi, 0.0), r)
     residual = residual.at[rows, parent].set(jnp.where(used[:, None], rest, r))
     return residual, jnp.where(used, accept, 0.0)
