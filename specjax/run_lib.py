@@ -251,8 +251,7 @@ def decode_all(
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
     chats = {m.name: {j: [] for j in batch} for m in methods}  # each method's conversations
-    for turn in range(1, 2 + max(len(workload[j].later_turns) for j in batch)):
-      rows = [j for j in batch if len(workload[j].later_turns) >= turn - 1]
+    for turn, rows in turns_of(workload, batch):
       if all(len(finished.get((calls, m.name), ())) == len(rows) for m in methods):  # done
         for m in methods:
           for j, rec in zip(rows, finished[calls, m.name]):
@@ -402,6 +401,13 @@ def untrusted_drafts(records, say) -> str:
   return ', '.join(names)
 
 
+def turns_of(workload, batch: list[int]):
+  """(turn, the batch's rows that ask it) for turns 1, 2, ...: a row sits out the turns
+  past its prompt's last."""
+  for turn in range(1, 2 + max(len(workload[j].later_turns) for j in batch)):
+    yield turn, [j for j in batch if len(workload[j].later_turns) >= turn - 1]
+
+
 def fit_batches(config, methods, workload) -> ml_collections.ConfigDict:
   """The config this run decodes with: batch_size at most the number of prompts (cost
   measurement and the first batch would otherwise fill rows no prompt needs). A draft
@@ -416,14 +422,14 @@ def fit_batches(config, methods, workload) -> ml_collections.ConfigDict:
     if group == 1:
       continue
     for i in range(0, len(workload), config.batch_size):
-      batch = workload[i : i + config.batch_size]
-      for turn in range(1, 2 + max(len(p.later_turns) for p in batch)):
-        rows = sum(len(p.later_turns) >= turn - 1 for p in batch)
-        if rows % group:
+      batch = list(range(i, min(i + config.batch_size, len(workload))))
+      for turn, rows in turns_of(workload, batch):
+        if len(rows) % group:
           raise ValueError(
             f'draft {spec} drafts {group} consecutive rows together, but the batch of prompts '
-            f'{i + 1}-{i + len(batch)} has {rows} rows at turn {turn}: pass a config.batch_size '
-            f'and config.num_prompts that are multiples of {group} (single-turn prompts)'
+            f'{i + 1}-{i + len(batch)} has {len(rows)} rows at turn {turn}: pass a '
+            f'config.batch_size and config.num_prompts that are multiples of {group} '
+            '(single-turn prompts)'
           )
   return config
 
