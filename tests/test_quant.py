@@ -87,6 +87,31 @@ def test_q8_0_rounding_is_close_and_the_tree_checks():
   assert quant.nbytes(q) < quant.nbytes(params) / 2.5
 
 
+@pytest.mark.parametrize('path', ['kernel', 'xla'])
+@pytest.mark.parametrize('tokens', [1, 3])
+def test_fused_projections_give_the_same_logits(path, tokens, monkeypatch):
+  isa = cpu_kernels.supported()[0] if path == 'kernel' else 'xla'
+  monkeypatch.setenv('SPECJAX_CPU_ISA', isa)  # forced: the tiny products run the kernel
+  monkeypatch.setattr(cpu_kernels, '_state', {})
+  params = quant.quantize_params(llama.init_params(CFG, jax.random.PRNGKey(3), scale=0.2))
+  params['layers'][1]['wk'] = params['layers'][1]['wk'].expand()  # one layer stays split
+  fused = quant.fuse(params)
+  assert set(fused['layers'][0]) >= {'wqkv', 'w_gate_up'} and 'wq' not in fused['layers'][0]
+  assert 'wqkv' not in fused['layers'][1] and 'w_gate_up' in fused['layers'][1]
+  assert quant.kernel_applies(jnp.ones((tokens, CFG.d_model)), fused['layers'][0]['wqkv']) == (
+    path == 'kernel'
+  )
+  cache = llama.init_cache(CFG, 2, 16)
+  ids = jnp.arange(2 * tokens).reshape(2, tokens) + 5
+  run = jax.jit(lambda p: llama.forward(p, ids, cache, CFG))
+  (want, want_cache), (got, got_cache) = run(params), run(fused)
+  if path == 'kernel':  # each output row is the same integer dot, however many rows
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.stack(got_cache.k), np.stack(want_cache.k))
+  else:  # XLA's expanded product may sum a wider matrix in another order
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 class _Tiny:
   """A LoadedModel-like tiny target (no GGUF source: the draft rounds to q8_0)."""
 

@@ -27,7 +27,7 @@ from specjax.checkpoints import loader
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import Drafter, DraftKind
 from specjax.drafters import tree_build
-from specjax.models import llama
+from specjax.models import llama, quant
 from specjax.models.kv_cache import KVCache
 
 
@@ -347,7 +347,6 @@ def quantized_params(target, fmt: str = 'auto'):
   has them, and rounds every other matrix to q8_0; 'q8_0' rounds all of them.
   """
   from specjax.checkpoints import gguf
-  from specjax.models import quant
 
   stored = {}
   if fmt == 'auto' and str(target.source).endswith('.gguf'):
@@ -381,6 +380,7 @@ def _build_quantized(fmt, target, dtype):
     params, stored = quantized_params(target, fmt)
   except ValueError as e:
     raise ValueError(f'draft quantized: cannot quantize {target.source}: {e}') from None
+  params = quant.fuse(params)
   leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: hasattr(x, 'fmt'))
   kinds = '/'.join(sorted({x.fmt for x in leaves if hasattr(x, 'fmt')}))
   origin = 'as stored in its GGUF file' if stored else 'rounded from float32'

@@ -256,7 +256,10 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
   const float* mp = mins.typed_data<float>();
   float* yp = y->typed_data<float>();
   const int64_t threads = specjax::SpinPool::Get().threads();
-  int64_t rows = (n_dim + 8 * threads - 1) / (8 * threads);
+  // Two chunks a thread: measured in a draft forward (2-core Zen 4, 15 interleaved rounds),
+  // 10% faster at one row and 7% at five than eight a thread (fewer hand-offs), and
+  // as fast as one a thread (where a late worker's chunk waits for the caller).
+  int64_t rows = (n_dim + 2 * threads - 1) / (2 * threads);
   rows = std::max<int64_t>(16, (rows + 3) / 4 * 4);
   const int64_t chunks = (n_dim + rows - 1) / rows;
   specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {

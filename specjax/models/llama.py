@@ -335,7 +335,10 @@ def layer(
   n, g, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   norm = lambda y, w: rms_norm(y, w, cfg.norm_eps, cfg.norm_offset)
   y = norm(x, p['attn_norm'])
-  q, k, v = dense(y, p['wq']), dense(y, p['wk']), dense(y, p['wv'])
+  if 'wqkv' in p:  # one product for the three (models/quant.fuse)
+    q, k, v = jnp.split(dense(y, p['wqkv']), (n * h, (n + g) * h), axis=-1)
+  else:
+    q, k, v = dense(y, p['wq']), dense(y, p['wk']), dense(y, p['wv'])
   if cfg.qkv_bias:
     q, k, v = q + p['bq'].astype(q.dtype), k + p['bk'].astype(k.dtype), v + p['bv'].astype(v.dtype)
   q, k, v = q.reshape(b, t, n, h), k.reshape(b, t, g, h), v.reshape(b, t, g, h)
@@ -346,7 +349,11 @@ def layer(
   x = x + (norm(y, p['attn_post_norm']) if cfg.sandwich_norms else y)
   y = norm(x, p['mlp_norm'])
   act = ACTIVATIONS[cfg.activation]
-  y = dense(act(dense(y, p['w_gate'])) * dense(y, p['w_up']), p['w_down'])
+  if 'w_gate_up' in p:
+    gate, up = jnp.split(dense(y, p['w_gate_up']), 2, axis=-1)
+  else:
+    gate, up = dense(y, p['w_gate']), dense(y, p['w_up'])
+  y = dense(act(gate) * up, p['w_down'])
   return x + (norm(y, p['mlp_post_norm']) if cfg.sandwich_norms else y)
 
 

@@ -191,6 +191,35 @@ def quantize_params(params: dict, keep: dict | None = None) -> dict:
   return jax.tree_util.tree_map_with_path(convert, params)
 
 
+# Products of one layer that read the same input, and the key of their fused weight.
+FUSED = {'wqkv': ('wq', 'wk', 'wv'), 'w_gate_up': ('w_gate', 'w_up')}
+
+
+def fuse(params: dict) -> dict:
+  """The tree with each layer's q, k, v blocks as one `wqkv` (and gate, up as `w_gate_up`):
+  their rows stacked, so one kernel call computes what three (two) did, exactly (each
+  output row is the same dot product). In a one-row draft step a call's hand-off costs
+  about as much as a small product, and a wider product splits better over threads.
+  Layers whose parts are not BlockWeights of one format are left as they are; the Llama
+  layer (models/llama.py) takes either form."""
+
+  def fuse_layer(layer: dict) -> dict:
+    out = dict(layer)
+    for key, parts in FUSED.items():
+      ws = [layer.get(p) for p in parts]
+      if not all(is_block(w) and w.transposed for w in ws) or len({w.fmt for w in ws}) != 1:
+        continue
+      stack = lambda name, ws=ws: np.concatenate([np.asarray(getattr(w, name)) for w in ws])
+      out[key] = BlockWeight(
+        qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, transposed=True
+      )
+      for p in parts:
+        del out[p]
+    return out
+
+  return {**params, 'layers': [fuse_layer(layer) for layer in params['layers']]}
+
+
 def nbytes(params) -> int:
   """Bytes of a parameter tree, BlockWeights counted as stored."""
   leaves = jax.tree_util.tree_leaves(params, is_leaf=is_block)
