@@ -66,6 +66,27 @@ void QuantizeRows(const float* x, int64_t m_rows, int64_t nb, int8_t* qx, float*
   }
 }
 
+// x's 8-bit blocks in pairs, for q4_1's two-block step: blocks b, b + 1 (b even) of a row
+// as [b's values 0-15, b+1's 0-15, b's 16-31, b+1's 16-31] (what the low and the high
+// nibbles of the two weight blocks, loaded together, hold), and each block's scale four
+// times over (dx4 [M, nb, 4]). An odd last block stays in value order.
+void PairRows(const int8_t* qx, const float* dx, int64_t m_rows, int64_t nb, int8_t* qxp,
+              float* dx4) {
+  for (int64_t i = 0; i < m_rows; ++i) {
+    const int8_t* row = qx + i * nb * kBlock;
+    int8_t* out = qxp + i * nb * kBlock;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      for (int half = 0; half < 2; ++half)
+        for (int blk = 0; blk < 2; ++blk)
+          std::memcpy(out + b * kBlock + (2 * half + blk) * 16, row + (b + blk) * kBlock + 16 * half, 16);
+    }
+    if (b < nb) std::memcpy(out + b * kBlock, row + b * kBlock, kBlock);
+    for (int64_t c = 0; c < nb; ++c)
+      for (int j = 0; j < 4; ++j) dx4[(i * nb + c) * 4 + j] = dx[i * nb + c];
+  }
+}
+
 enum class Format { kQ4_1, kQ8_0 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -118,6 +139,18 @@ inline __m256i DotBytes(__m256i a, __m256i b) {
 #endif
 }
 
+// q4_1, two blocks at once: 8 int32 partial sums, lanes 0-3 block b's and 4-7 block b+1's,
+// of the low nibbles `lo` against `xlo` plus the high nibbles `hi` against `xhi` (PairRows'
+// layout). AVX2: two maddubs add in int16 without overflow (4 * 15 * 127 < 32767).
+inline __m256i DotPair(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xlo), hi, xhi);
+#else
+  const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+  return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+#endif
+}
+
 inline float HorizontalSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -129,16 +162,48 @@ inline float HorizontalSum(__m256 v) {
 #if defined(SPECJAX_BLOCKS_SIMD)
 // Rows [n, n + kTileRows) of W against rows [m0, m0 + MB) of x; MB is a template argument so that
 // the 4 x MB accumulators stay in registers.
+// q4_1 takes its blocks two at a time (qxp, dx4: PairRows' layout): one 256-bit load holds
+// both blocks' nibbles, with half the conversions and multiply-adds per weight. Measured on
+// a 2-core Zen 4, one thread, 1536 x 576 weights streamed from memory, ns per block of W:
+// 5 rows of x 5.2 -> 3.3 (AVX-512), 6.8 -> 4.2 (AVX2); one row 2.1 -> 1.7 (AVX2) and
+// 1.5 either way on AVX-512, where one thread already streams what one core can fetch.
 template <Format F, int MB>
-inline void Tile(const int8_t* qx, const float* dx, const float* sx, const uint8_t* qs,
-                 const float* d, const float* mins, float* y, int64_t nb, int64_t n_dim,
-                 int64_t n, int64_t m0) {
+inline void Tile(const int8_t* qx, const int8_t* qxp, const float* dx, const float* dx4,
+                 const float* sx, const uint8_t* qs, const float* d, const float* mins, float* y,
+                 int64_t nb, int64_t n_dim, int64_t n, int64_t m0) {
   constexpr int64_t kQb = BlockBytes<F>();
   constexpr int R = kTileRows;
   __m256 acc[MB][R];
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  int64_t b = 0;
+  if constexpr (F == Format::kQ4_1) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i spread = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
+    for (; b + 2 <= nb; b += 2) {
+      __m256i xlo[MB], xhi[MB];
+      __m256 xd[MB];
+      for (int i = 0; i < MB; ++i) {
+        const int8_t* p = qxp + ((m0 + i) * nb + b) * kBlock;
+        xlo[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        xhi[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBlock));
+        xd[i] = _mm256_loadu_ps(dx4 + ((m0 + i) * nb + b) * 4);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = n + r;
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (row * nb + b) * kQb));
+        const __m256i lo = _mm256_and_si256(raw, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        const __m128 dpair = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d + row * nb + b)));
+        const __m256 dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dpair), spread);
+        for (int i = 0; i < MB; ++i) {
+          const __m256i dot = DotPair(lo, hi, xlo[i], xhi[i]);
+          acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd[i]), _mm256_cvtepi32_ps(dot), acc[i][r]);
+        }
+      }
+    }
+  }
+  for (; b < nb; ++b) {
     __m256i xb[MB];
     float xd[MB];
     for (int i = 0; i < MB; ++i) {
@@ -175,9 +240,9 @@ inline void Tile(const int8_t* qx, const float* dx, const float* sx, const uint8
 #endif
 
 template <Format F>
-void RowsChunk(const int8_t* qx, const float* dx, const float* sx, const uint8_t* qs,
-               const float* d, const float* mins, float* y, int64_t m_rows, int64_t nb,
-               int64_t n_dim, int64_t lo, int64_t hi) {
+void RowsChunk(const int8_t* qx, const int8_t* qxp, const float* dx, const float* dx4,
+               const float* sx, const uint8_t* qs, const float* d, const float* mins, float* y,
+               int64_t m_rows, int64_t nb, int64_t n_dim, int64_t lo, int64_t hi) {
   constexpr int64_t kQb = BlockBytes<F>();
   int64_t n = lo;
 #if defined(SPECJAX_BLOCKS_SIMD)
@@ -195,11 +260,11 @@ void RowsChunk(const int8_t* qx, const float* dx, const float* sx, const uint8_t
       }
     }
     int64_t m0 = 0;
-    for (; m0 + 4 <= m_rows; m0 += 4) Tile<F, 4>(qx, dx, sx, qs, d, mins, y, nb, n_dim, n, m0);
+    for (; m0 + 4 <= m_rows; m0 += 4) Tile<F, 4>(qx, qxp, dx, dx4, sx, qs, d, mins, y, nb, n_dim, n, m0);
     switch (m_rows - m0) {
-      case 3: Tile<F, 3>(qx, dx, sx, qs, d, mins, y, nb, n_dim, n, m0); break;
-      case 2: Tile<F, 2>(qx, dx, sx, qs, d, mins, y, nb, n_dim, n, m0); break;
-      case 1: Tile<F, 1>(qx, dx, sx, qs, d, mins, y, nb, n_dim, n, m0); break;
+      case 3: Tile<F, 3>(qx, qxp, dx, dx4, sx, qs, d, mins, y, nb, n_dim, n, m0); break;
+      case 2: Tile<F, 2>(qx, qxp, dx, dx4, sx, qs, d, mins, y, nb, n_dim, n, m0); break;
+      case 1: Tile<F, 1>(qx, qxp, dx, dx4, sx, qs, d, mins, y, nb, n_dim, n, m0); break;
       default: break;
     }
   }
@@ -248,7 +313,16 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
   std::unique_ptr<float[]> dx(new float[m_rows * nb]), sx(new float[m_rows * nb]);
   QuantizeRows(x.typed_data<float>(), m_rows, nb, qx.get(), dx.get(), sx.get(),
                F == Format::kQ8_0 && kBiasedDot);
+  std::unique_ptr<int8_t[]> qx2;
+  std::unique_ptr<float[]> dx4;
+  if (F == Format::kQ4_1) {
+    qx2.reset(new int8_t[m_rows * k_dim]);
+    dx4.reset(new float[m_rows * nb * 4]);
+    PairRows(qx.get(), dx.get(), m_rows, nb, qx2.get(), dx4.get());
+  }
   const int8_t* qxp = qx.get();
+  const int8_t* qx2p = qx2.get();
+  const float* dx4p = dx4.get();
   const float* dxp = dx.get();
   const float* sxp = sx.get();
   const uint8_t* qp = static_cast<const uint8_t*>(qs.untyped_data());
@@ -263,7 +337,7 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
   rows = std::max<int64_t>(16, (rows + 3) / 4 * 4);
   const int64_t chunks = (n_dim + rows - 1) / rows;
   specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
-    RowsChunk<F>(qxp, dxp, sxp, qp, dp, mp, yp, m_rows, nb, n_dim, c * rows,
+    RowsChunk<F>(qxp, qx2p, dxp, dx4p, sxp, qp, dp, mp, yp, m_rows, nb, n_dim, c * rows,
                  std::min(n_dim, (c + 1) * rows));
   });
   return ffi::Error::Success();
