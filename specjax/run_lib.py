@@ -192,7 +192,10 @@ def skip_hopeless(config, engines, methods, costs, say) -> list:
   out = list(methods)
   for spec, c in costs.items():
     trees = adaptive_trees_of(config, engines[spec], methods, spec)
-    best = AdaptiveConfig.from_costs(c, trees=trees).ceiling
+    control = AdaptiveConfig.from_costs(
+      c, trees=trees, catch_up_cost=catch_up_cost(engines[spec].drafter, c)
+    )
+    best = AdaptiveConfig.from_costs(c, trees=trees).ceiling  # fixed settings: no catch-up
     if best > 1 and c.c < 1:
       continue
     fixed = [m for m in methods if m.draft == spec and m.gamma]
@@ -205,7 +208,7 @@ def skip_hopeless(config, engines, methods, costs, say) -> list:
     elif fixed:
       line += f'; skipping {", ".join(m.name for m in fixed)}'
       out = [m for m in out if m not in fixed]
-    if any(m.draft == spec and m.adaptive for m in methods):
+    if any(m.draft == spec and m.adaptive for m in methods) and not control.can_pay:
       line += f' ({spec}@adaptive stays off)'
     say(line)
   return out

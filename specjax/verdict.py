@@ -49,27 +49,36 @@ def reason(m: Mapping) -> str:
 
 def cost_line(costs: Mapping) -> str:
   """What the costs measured on this CPU allow (one draft's results.json 'costs' entry):
-  the acceptance at which speculation starts to pay, or why it cannot pay here."""
+  the acceptance at which speculation starts to pay, or why it cannot pay here. The
+  verdict is adaptive control's own (`AdaptiveConfig.can_pay` and its per-setting
+  `ceilings`), so the line says what the controller did."""
   from specjax.control import cost_model  # noqa: PLC0415
   from specjax.control.adaptive import AdaptiveConfig  # noqa: PLC0415
 
-  step = costs['target_ms']
-  units = {int(g): (costs['draft_ms'][g] / step, v / step) for g, v in costs['verify_ms'].items()}
-  verify = ', '.join(f'{g + 1}: {units[g][1]:.2f}' for g in sorted(units))
-  measured = f'measured here: target step {step:.1f} ms; verifying n tokens costs (steps) {verify}'
-  even = {g: cost_model.break_even_alpha(g, d, v) for g, (d, v) in units.items()}
-  # Adaptive control turns on only where it predicts a margin over plain decoding.
-  margin = 1 + AdaptiveConfig.hysteresis
-  even = {g: a for g, a in even.items() if a < 0.999 and (g + 1) / sum(units[g]) > margin}
-  if not even:
+  measured = cost_model.Costs(
+    batch=costs.get('batch', 1),
+    cache_size=costs.get('cache_size', 0),
+    target_ms=costs['target_ms'],
+    draft_ms={int(g): v for g, v in costs['draft_ms'].items()},
+    verify_ms={int(g): v for g, v in costs['verify_ms'].items()},
+  )
+  control = AdaptiveConfig.from_costs(measured)
+  verify = ', '.join(f'{g + 1}: {measured.units(g)[1]:.2f}' for g in control.gammas)
+  said = (
+    f'measured here: target step {measured.target_ms:.1f} ms; '
+    f'verifying n tokens costs (steps) {verify}'
+  )
+  if not control.can_pay:
     return (
       f'speculation cannot pay on this CPU: no draft length emits more tokens than its '
-      f'verification costs target steps, even if every draft token were accepted ({measured}), '
+      f'verification costs target steps, even if every draft token were accepted ({said}), '
       'so adaptive control kept it off'
     )
+  pays = [g for g, top in zip(control.gammas, control.ceilings) if top > 1 + control.hysteresis]
+  even = {g: cost_model.break_even_alpha(g, *measured.units(g)) for g in pays}
   gamma = min(even, key=even.get)
   return (
-    f'{measured}: speculation pays once draft tokens are accepted at alpha >= '
+    f'{said}: speculation pays once draft tokens are accepted at alpha >= '
     f'{even[gamma]:.2f} (gamma {gamma})'
   )
 

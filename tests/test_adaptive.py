@@ -2,6 +2,7 @@
 (greedy identity, a draft cache that catches up after plain steps, lossless sampling)."""
 
 import dataclasses
+import types
 
 import jax
 import numpy as np
@@ -485,15 +486,13 @@ def test_a_run_skips_the_fixed_gammas_of_a_draft_that_cannot_pay(tmp_path, monke
   config.methods = 'truncated:1@4,truncated:1@adaptive'
   methods, said = run_config.build_methods(config), []
   costs = {'truncated:1': measured['truncated:1']}
-  assert (
-    run_lib.skip_hopeless(config, {'truncated:1': None}, methods, costs, said.append) == methods
-  )
+  # An engine whose draft model has a cache of its own to catch up on.
+  engines = {'truncated:1': types.SimpleNamespace(drafter=types.SimpleNamespace(resyncing=id))}
+  assert run_lib.skip_hopeless(config, engines, methods, costs, said.append) == methods
   assert len(said) == 1 and said[0].endswith(
     'running truncated:1@4 as config.methods names them (truncated:1@adaptive stays off)'
   )
   # A draft that pays at some gamma is not named.
   costs = {'truncated:1': fake_costs(0.5)}  # gamma 1: 2 tokens for 1.6 steps
-  assert (
-    run_lib.skip_hopeless(config, {'truncated:1': None}, methods, costs, said.append) == methods
-  )
+  assert run_lib.skip_hopeless(config, engines, methods, costs, said.append) == methods
   assert len(said) == 1

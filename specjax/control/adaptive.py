@@ -184,16 +184,23 @@ class AdaptiveConfig:
     return np.array([1.0, *chains, *trees])
 
   @property
-  def ceiling(self) -> float:
-    """The best speedup turning on could reach if every draft token were accepted (a
-    setting of depth d emits at most d + 1 tokens), its catch-up charged."""
+  def ceilings(self) -> np.ndarray:
+    """Per speculative setting (arms[1:]), the best speedup it could reach if every draft
+    token were accepted (depth d emits at most d + 1 tokens), its catch-up charged."""
     tokens = np.asarray(self.choices[1:]) + 1.0
-    return float(np.max(tokens / np.maximum(self.costs[1:] + self.catch_up_cost, 1e-9)))
+    return tokens / np.maximum(self.costs[1:] + self.catch_up_cost, 1e-9)
+
+  @property
+  def ceiling(self) -> float:
+    """The best of `ceilings`: what turning on could reach at all."""
+    return float(np.max(self.ceilings))
 
   @property
   def can_pay(self) -> bool:
     """False: no acceptance makes turning on beat plain decoding by the hysteresis margin,
-    so the controller starts off and never probes."""
+    so the controller never probes. It may still start on: at the start the draft is in
+    step with the prompt, with no catch-up to pay (`init`), and it stays on while that
+    pays."""
     return self.ceiling > 1 + self.hysteresis
 
   @property
