@@ -27,7 +27,8 @@ it off doubles the wait before the next (up to `probe_every * probe_backoff` ste
 paid for itself, so a draft that never pays costs little more than plain decoding. A draft
 whose costs cannot beat plain decoding by the margin even if every draft token were
 accepted (`AdaptiveConfig.can_pay`: a chain of gamma emits at most gamma + 1 tokens, so a
-draft token costing a target step or more never pays) starts off and is never probed.
+draft token costing a target step or more never pays) is never probed; it starts on only
+where, in step with the prompt (no catch-up), it would pay.
 A draft with a cache of its own skips plain steps and catches up on them when it drafts
 again (specjax/drafters/model.py); the controller charges that as `catch_up_cost` per
 iteration on turning on (a catch-up of L skipped tokens spread over as many iterations),
