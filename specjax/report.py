@@ -198,15 +198,13 @@ def acceptance_by_position(recs: list[dict]) -> np.ndarray:
 def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathlib.Path]:
   """acceptance_by_position.png, speedup_vs_gamma.png, latency_cdf.png, and
   adaptive_gamma.png when adaptive methods ran."""
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
   paths = []
   spec = {name: recs for name, recs in records.items() if recs[0]['gamma'] > 0}
 
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig = Figure(figsize=(6, 4))
+  ax = fig.subplots()
   for name, recs in spec.items():
     curve = acceptance_by_position(recs)
     ax.plot(range(1, len(curve) + 1), curve, marker='o', label=name)
@@ -220,7 +218,8 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
     ax.legend(fontsize=7)
   paths.append(_save(fig, out_dir / 'acceptance_by_position.png'))
 
-  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+  fig = Figure(figsize=(10, 4))
+  left, right = fig.subplots(1, 2)
   drafts, adaptive = {}, {}
   for name, data in summary['methods'].items():
     m = Summary.from_json(data)
@@ -249,7 +248,8 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
 
   adaptive = [name for name in records if name.endswith('@adaptive')]
   if adaptive:
-    fig, axes = plt.subplots(len(adaptive), 1, figsize=(10, 2.2 * len(adaptive)), squeeze=False)
+    fig = Figure(figsize=(10, 2.2 * len(adaptive)))
+    axes = fig.subplots(len(adaptive), 1, squeeze=False)
     for ax, name in zip(axes[:, 0], adaptive):
       seq, bounds = [], []
       for r in records[name]:  # requests in order; drafted 0 = a plain step
@@ -265,7 +265,8 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
     axes[-1, 0].set_xlabel('iteration')
     paths.append(_save(fig, out_dir / 'adaptive_gamma.png'))
 
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig = Figure(figsize=(6, 4))
+  ax = fig.subplots()
   for name, recs in records.items():
     lat = np.sort([r['latency_ms'] for r in recs])
     ax.step(lat, np.arange(1, len(lat) + 1) / len(lat), where='post', label=name)
@@ -276,9 +277,6 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
 
 
 def _save(fig, path: pathlib.Path) -> pathlib.Path:
-  import matplotlib.pyplot as plt
-
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path

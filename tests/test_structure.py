@@ -147,3 +147,25 @@ def test_a_new_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
   assert summary['drafts'] == {'repeat': 'repeat the last token'}
   assert summary['methods']['repeat@4']['greedy_mismatches'] == 0
   assert summary['methods']['repeat@4']['drafted_tokens'] > 0
+
+
+def test_plots_leave_a_notebooks_matplotlib_backend_alone(tmp_path):
+  """Library plots draw on matplotlib Figures, never through pyplot (which would pick or
+  switch the backend, and a notebook would stop showing figures inline)."""
+  import matplotlib
+
+  from specjax.train.trainer import MetricsLog
+
+  matplotlib.use('svg')
+  log = MetricsLog(tmp_path / 'metrics.jsonl', resume_step=0)
+  log.write({'kind': 'train', 'step': 1, 'loss': 0.5})
+  log.write({'kind': 'eval', 'step': 1, 'greedy': 0.4})
+  log.plot(tmp_path)
+  assert (tmp_path / 'loss.png').stat().st_size > 0 and (tmp_path / 'acceptance.png').exists()
+  assert matplotlib.get_backend().lower() == 'svg'
+  offenders = [
+    str(p.relative_to(PACKAGE))
+    for p in PACKAGE.rglob('*.py')
+    if 'matplotlib.use(' in p.read_text() or 'matplotlib.pyplot' in p.read_text()
+  ]
+  assert offenders == []

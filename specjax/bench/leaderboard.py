@@ -135,10 +135,7 @@ def _file_name(method: str) -> str:
 def plot(out_dir: pathlib.Path, records: Mapping[str, list[dict]]) -> list[pathlib.Path]:
   """specbench_<method>.png per speculative method (every method when only the baseline ran):
   its speedup per leaderboard column and overall, each bar labelled with its tokens per call."""
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
   board = leaderboard(records)
   columns = [c for c in [*specbench.LEADERBOARD, OVERALL] if board['columns'][c][BASELINE]]
@@ -147,7 +144,8 @@ def plot(out_dir: pathlib.Path, records: Mapping[str, list[dict]]) -> list[pathl
   for name in methods:
     speed = [board['columns'][c][name]['speedup'] for c in columns]
     tpc = [board['columns'][c][name]['tokens_per_call'] for c in columns]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
     colors = ['tab:blue'] * (len(columns) - 1) + ['tab:orange']
     bars = ax.bar(range(len(columns)), speed, color=colors)
     for bar, t in zip(bars, tpc):
@@ -164,7 +162,6 @@ def plot(out_dir: pathlib.Path, records: Mapping[str, list[dict]]) -> list[pathl
     fig.tight_layout()
     path = out_dir / _file_name(name)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     paths.append(path)
   return paths
 

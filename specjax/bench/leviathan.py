@@ -134,13 +134,11 @@ def table(curves: list[Curve]) -> str:
 def plot(curves: list[Curve], path: str | pathlib.Path, title: str = '') -> pathlib.Path:
   """Two panels like the paper's figures: expected tokens per call and walltime speedup over
   gamma, the paper's curves (lines, from alpha and c) beside the measured points."""
-  import matplotlib
-
-  matplotlib.use('Agg', force=False)
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
   path = pathlib.Path(path)
-  fig, (ax_e, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
+  fig = Figure(figsize=(11, 4.2))
+  ax_e, ax_s = fig.subplots(1, 2)
   top = max(max(cv.gammas) for cv in curves)
   grid = np.arange(0, top + 1)
   for i, cv in enumerate(curves):
@@ -163,5 +161,4 @@ def plot(curves: list[Curve], path: str | pathlib.Path, title: str = '') -> path
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=120)
-  plt.close(fig)
   return path

@@ -199,14 +199,12 @@ class MetricsLog:
       f.write(json.dumps(record) + '\n')
 
   def plot(self, workdir: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
     train = [r for r in self.records if r['kind'] == 'train']
     evals = [r for r in self.records if r['kind'] == 'eval']
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     ax.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss')
     ax.set_xlabel('step')
     ax.set_ylabel('divergence')
@@ -214,8 +212,8 @@ class MetricsLog:
     ax.legend()
     fig.tight_layout()
     fig.savefig(workdir / 'loss.png', dpi=100)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     keys = sorted({k for r in evals for k in r if k.startswith(('greedy', 'accept_t1'))})
     for k in keys:
       ax.plot([r['step'] for r in evals], [r.get(k, np.nan) for r in evals], marker='.', label=k)
@@ -225,7 +223,6 @@ class MetricsLog:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(workdir / 'acceptance.png', dpi=100)
-    plt.close(fig)
 
 
 class _Stop(Exception):
