@@ -264,7 +264,7 @@ def _missing(spec: str, field: str) -> str:
   local = shape.hf_id.split('/')[-1]
   return (
     f'config.{field} = {spec!r}: expected the local Hugging Face directory of {shape.hf_id} '
-    f'(huggingface-cli download {shape.hf_id} --local-dir /models/{local}; then '
+    f'(hf download {shape.hf_id} --local-dir /models/{local}; then '
     f'--config.{field}=/models/{local})'
   )
 

@@ -59,7 +59,7 @@ def test_missing_paths_are_one_clear_error(name, tmp_path):
   for field, model in (('model', pair.target), ('drafts', pair.draft)):
     hf_id = pairs.MODELS[model].hf_id
     assert f'config.{field} = ' in text and f'--config.{field}=' in text
-    assert f'huggingface-cli download {hf_id}' in text
+    assert f'hf download {hf_id}' in text
   assert not (tmp_path / 'out').exists()  # before any work
   config.model = str(tmp_path)  # the target given, the draft still missing
   with pytest.raises(ValueError, match='config.drafts') as e:

@@ -3,8 +3,8 @@ in bfloat16. Both interleave five sliding-window layers with one full layer (win
 512 and 1024 tokens), RoPE base 10000 on the sliding layers and 1e6 on the full ones
 (4B: linear scaling 8), head_dim 256, query_pre_attn_scalar 256.
 
-  huggingface-cli download google/gemma-3-4b-it --local-dir /models/gemma-3-4b-it
-  huggingface-cli download google/gemma-3-270m-it --local-dir /models/gemma-3-270m-it
+  hf download google/gemma-3-4b-it --local-dir /models/gemma-3-4b-it
+  hf download google/gemma-3-270m-it --local-dir /models/gemma-3-270m-it
   python -m specjax.pairs gemma3-text /models/gemma-3-4b-it /models/gemma-3-4b-it-text
   python -m specjax.run --config configs/pairs/gemma3.py \
       --config.model=/models/gemma-3-4b-it-text --config.drafts=/models/gemma-3-270m-it

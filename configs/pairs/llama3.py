@@ -3,9 +3,9 @@ and the speculative-sampling baselines), on a GPU or TPU, in bfloat16. Both use 
 RoPE scaling (8B: factor 8, 1B: factor 32; low_freq_factor 1, high_freq_factor 4,
 original_max_position_embeddings 8192), read from each config.json.
 
-  huggingface-cli download meta-llama/Llama-3.1-8B-Instruct \
-      --local-dir /models/Llama-3.1-8B-Instruct  # gated: accept the license, huggingface-cli login
-  huggingface-cli download meta-llama/Llama-3.2-1B-Instruct \
+  hf download meta-llama/Llama-3.1-8B-Instruct \
+      --local-dir /models/Llama-3.1-8B-Instruct  # gated: accept the license, hf auth login
+  hf download meta-llama/Llama-3.2-1B-Instruct \
       --local-dir /models/Llama-3.2-1B-Instruct
   python -m specjax.run --config configs/pairs/llama3.py \
       --config.model=/models/Llama-3.1-8B-Instruct --config.drafts=/models/Llama-3.2-1B-Instruct

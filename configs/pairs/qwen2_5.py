@@ -1,8 +1,8 @@
 """Qwen2.5-0.5B-Instruct drafting for Qwen2.5-7B-Instruct (the Qwen2.5 pair of EAGLE-3,
 HASS and the speculative-sampling baselines), on a GPU or TPU, in bfloat16.
 
-  huggingface-cli download Qwen/Qwen2.5-7B-Instruct --local-dir /models/Qwen2.5-7B-Instruct
-  huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir /models/Qwen2.5-0.5B-Instruct
+  hf download Qwen/Qwen2.5-7B-Instruct --local-dir /models/Qwen2.5-7B-Instruct
+  hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir /models/Qwen2.5-0.5B-Instruct
   python -m specjax.run --config configs/pairs/qwen2_5.py \
       --config.model=/models/Qwen2.5-7B-Instruct --config.drafts=/models/Qwen2.5-0.5B-Instruct
   python -m specjax.run --config configs/pairs/qwen2_5.py:dry --config.mesh.data=2 \
