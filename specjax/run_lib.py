@@ -188,13 +188,11 @@ def skip_hopeless(config, engines, methods, costs, say) -> list:
   """Drops the fixed-gamma methods of drafts whose measured costs cannot pay at any gamma
   (even if every draft token were accepted; a draft token costing a target step or more
   never pays), saying so in one line per draft; config.methods keeps what it names. The
-  draft's adaptive method stays (its controller never turns on)."""
+  draft's adaptive method stays; the line says it stays off when its controller (the run's
+  adaptive gammas, catch-up charged) cannot pay."""
   out = list(methods)
   for spec, c in costs.items():
     trees = adaptive_trees_of(config, engines[spec], methods, spec)
-    control = AdaptiveConfig.from_costs(
-      c, trees=trees, catch_up_cost=catch_up_cost(engines[spec].drafter, c)
-    )
     best = AdaptiveConfig.from_costs(c, trees=trees).ceiling  # fixed settings: no catch-up
     if best > 1 and c.c < 1:
       continue
@@ -208,7 +206,12 @@ def skip_hopeless(config, engines, methods, costs, say) -> list:
     elif fixed:
       line += f'; skipping {", ".join(m.name for m in fixed)}'
       out = [m for m in out if m not in fixed]
-    if any(m.draft == spec and m.adaptive for m in methods) and not control.can_pay:
+    if (
+      any(m.draft == spec and m.adaptive for m in methods)
+      and not AdaptiveConfig.from_costs(
+        c, config.adaptive_gammas, trees, catch_up_cost=catch_up_cost(engines[spec].drafter, c)
+      ).can_pay
+    ):
       line += f' ({spec}@adaptive stays off)'
     say(line)
   return out

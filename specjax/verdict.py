@@ -49,9 +49,10 @@ def reason(m: Mapping) -> str:
 
 def cost_line(costs: Mapping) -> str:
   """What the costs measured on this CPU allow (one draft's results.json 'costs' entry):
-  the acceptance at which speculation starts to pay, or why it cannot pay here. The
-  verdict is adaptive control's own (`AdaptiveConfig.can_pay` and its per-setting
-  `ceilings`), so the line says what the controller did."""
+  the acceptance at which speculation starts to pay, or why it cannot pay here. The rule
+  is adaptive control's (`AdaptiveConfig.can_pay` and its per-setting `ceilings`) over
+  the measured chains, for a draft with nothing to catch up (prompt lookup, the quick
+  run's default); a draft model's controller also charges its catch-up."""
   from specjax.control import cost_model  # noqa: PLC0415
   from specjax.control.adaptive import AdaptiveConfig  # noqa: PLC0415
 

@@ -50,7 +50,8 @@ def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows, monkeypat
   monkeypatch.setenv('SPECJAX_CPU_ISA', cpu_kernels.supported()[0])  # the best path, untimed
   monkeypatch.setattr(cpu_kernels, '_state', {})
   rng = np.random.default_rng(rows)
-  # 39 rows: tiles of 4 (AVX2: 2) and a tail of 3; K = 96: a pair of q4_1 blocks and one more
+  # 39 rows: tiles of 4 (AVX2: 2) and a scalar tail of 3 (AVX2: 1); K = 96: a pair of q4_1
+  # blocks and one more
   w = rng.normal(size=(39, 96)).astype(np.float32)
   if fmt == 'q8_0':
     bw = quant.quantize_q8_0(w, transposed=False)

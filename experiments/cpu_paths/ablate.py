@@ -1,6 +1,7 @@
 """What the quantized draft's one-row forward is made of: the forward at 128, 512 and 2048
-cache slots, and at 512 with attention, the cache write, the RMS norms or RoPE replaced by
-nothing (monkeypatched into models/llama.py), beside the target step; 9 interleaved
+cache slots, and at 512 with attention (XLA then also drops its unread cache write), the
+RMS norms or RoPE replaced by nothing (monkeypatched into models/llama.py), beside the
+target step; 9 interleaved
 rounds, medians and minima (ms).
 
   python experiments/cpu_paths/ablate.py
@@ -27,10 +28,6 @@ def variants(draft, target, cfg):
   timers['target/cache512'] = costs.timer_forward(target, cfg, 1, 1, 512)
   patches = {
     'no-attention': [('attention', lambda q, k, v, mask, scale=0.0: q)],
-    'no-attention-no-write': [
-      ('attention', lambda q, k, v, mask, scale=0.0: q),
-      ('_write', lambda buffer, new, positions: buffer),
-    ],
     'no-norms': [('rms_norm', lambda x, w, eps, offset=0.0: x)],
     'no-rope': [('apply_rope', lambda x, cos, sin: x)],
   }

@@ -200,8 +200,9 @@ def fuse(params: dict) -> dict:
   their rows stacked, so one kernel call computes what three (two) did, exactly (each
   output row is the same dot product). In a one-row draft step a call's hand-off costs
   about as much as a small product, and a wider product splits better over threads.
-  Layers whose parts are not BlockWeights of one format are left as they are; the Llama
-  layer (models/llama.py) takes either form."""
+  Layers whose parts are not BlockWeights of one format are left as they are. The Llama
+  layer (models/llama.py) takes either form; `check_params` describes the unfused tree
+  (a target's), so a fused one is for drafts only."""
 
   def fuse_layer(layer: dict) -> dict:
     out = dict(layer)
