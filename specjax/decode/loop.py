@@ -12,12 +12,17 @@ A row near the end of its cache writes some draft positions past the last slot; 
 writes are dropped and the tokens they would verify lie past the row's max_new, so they
 are never emitted (no slots need to be reserved for verification).
 
-Drafters that may find nothing to propose (prompt lookup, consensus: `skip_when_empty`)
-run plain one-token steps in an inner loop until some row has a proposal, so a miss
-costs an ordinary decoding step. Adaptive control picks off (plain steps), a chain or a
-tree; each setting runs its ordinary iteration in an inner loop of its own for as long
-as the controller keeps it, so the target cache is updated in place and only a change
-of setting (a lax.switch) copies it.
+The code reads as rounds and schedules. A round is one iteration from its key to its
+emit step (`_emit`: record, commit, bring the drafter up to date): `_plain` (one target
+token), `_chain` and `_tree` (draft, one target forward, verify). A schedule says which
+round runs when, and every decoding method is one of three: `_every_iteration` (the
+method's round each iteration), `_until_proposal` (drafters that may find nothing to
+propose, prompt lookup and consensus: plain steps in an inner loop until some row has a
+proposal, so a miss costs an ordinary decoding step) and `_adaptive` (adaptive control
+picks off, a chain or a tree each iteration; its arms are fixed methods built once, and
+each runs in an inner loop of its own for as long as the controller keeps it, so the
+target cache is updated in place and only a change of setting, a lax.switch, copies it).
+`LoopSpec` carries the static settings every round reads.
 
 The target is called through its family (`cfg.family`, specjax/core/contract.py) and the
 verifier through the registry, so the loop names no architecture and no verifier. The
@@ -135,46 +140,61 @@ def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
   return new_tokens, accepted, jnp.full_like(accepted, gamma), untrusted
 
 
-def _finish(
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+  """What a compiled loop decodes with: the target's config, the method, the sampling and
+  the EOS id (static, so hashable). Every round and schedule reads its settings here."""
+
+  cfg: object
+  method: Method
+  sampling: sampling_lib.SamplingConfig
+  eos_id: int
+
+  def with_method(self, method: Method) -> LoopSpec:
+    return dataclasses.replace(self, method=method)
+
+
+# The emit step, shared by every round.
+
+
+def _emit(
   state: DecodeState,
+  spec: LoopSpec,
   new_tokens,
   accepted,
   drafted,
   cache,
   draft_state,
   *,
-  method: Method,
-  eos_id: int,
   counted=True,
   features=None,
   stop=None,
   untrusted=None,
 ) -> DecodeState:
-  """Records the iteration, commits its tokens and rolls the drafter back.
+  """Records the iteration, commits its tokens and brings the drafter up to date.
 
   `counted` False (a traced bool) leaves the iteration count as it was. `features` are
   the target's captured features of this iteration's forward (feature drafters). `stop`
   is a tree iteration's stopping node (tree methods record 0 for plain steps);
   `untrusted` [B] bool, rows whose draft handed the verifier an untrusted q (counted).
   """
+  method = spec.method
   start = state.cache.lengths
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
-  spec = state.spec.replace(
+  ss = state.spec.replace(
     accepted=record(state.spec.accepted, accepted), drafted=record(state.spec.drafted, drafted)
   )
-  if spec.stops is not None:
-    spec = spec.replace(
-      stops=record(spec.stops, jnp.zeros_like(accepted) if stop is None else stop)
-    )
-  if untrusted is not None and spec.untrusted is not None:
-    spec = spec.replace(untrusted=spec.untrusted + (untrusted & ~state.done).astype(jnp.int32))
+  if ss.stops is not None:
+    ss = ss.replace(stops=record(ss.stops, jnp.zeros_like(accepted) if stop is None else stop))
+  if untrusted is not None and ss.untrusted is not None:
+    ss = ss.replace(untrusted=ss.untrusted + (untrusted & ~state.done).astype(jnp.int32))
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
-  state = commit(state, new_tokens, accepted + 1, eos_id)
+  state = commit(state, new_tokens, accepted + 1, spec.eos_id)
   if method.drafter is not None:
     if features is not None:
       draft_state = method.drafter.absorb(draft_state, features, start, state)
     draft_state = method.drafter.rollback(draft_state, state)
-  return state.replace(spec=spec.replace(draft=draft_state))
+  return state.replace(spec=ss.replace(draft=draft_state))
 
 
 def target_forward(params, tokens, cache, cfg, method: Method):
@@ -187,100 +207,71 @@ def target_forward(params, tokens, cache, cfg, method: Method):
   return out if capture else (*out, None)
 
 
-def _lookup_step(
-  params,
-  state: DecodeState,
-  *,
-  cfg,
-  method: Method,
-  sampling: sampling_lib.SamplingConfig,
-  eos_id: int,
-) -> DecodeState:
-  """An iteration of a drafter that may find nothing to propose (`skip_when_empty`).
+def _split(state: DecodeState):
+  """(state with its key advanced, the draft's key, the verifier's key): every round
+  splits the state's key once, here."""
+  key, sub = jax.random.split(state.key)
+  k_draft, k_verify = jax.random.split(sub)
+  return state.replace(key=key), k_draft, k_verify
 
-  Plain steps run in a loop of their own while no row of the batch has a proposal, then
-  one verification (of a chain, or of a tree for tree methods) runs. Neither sits inside
-  a branch, so both update the target cache in place (inside a lax.cond XLA would copy
-  it). Each plain step counts as one iteration.
-  """
-  drafter, target, max_gamma = method.drafter, params['target'], method.gamma
 
-  def propose(s):
-    key, sub = jax.random.split(s.key)
-    k_draft, k_verify = jax.random.split(sub)
-    if method.tree is not None:
-      draft, draft_state = drafter.propose_tree(
-        params['draft'], s.spec.draft, s, k_draft, method.tree, sampling
-      )
-      q = None
-    else:
-      draft, q, draft_state = drafter.propose(
-        params['draft'], s.spec.draft, s, k_draft, max_gamma, sampling
-      )
-    return s.replace(key=key), (draft, q, draft_state, k_verify)
-
-  def empty(carry):
-    s, (_, _, draft_state, _) = carry
-    return ~drafter.has_proposals(draft_state) & ~jnp.all(s.done)
-
-  def plain(carry):
-    s, (_, _, draft_state, k_verify) = carry
-    logits, cache, feats = target_forward(target, s.last_tokens[:, None], s.cache, cfg, method)
-    token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
-    zeros = jnp.zeros_like(s.num_generated)
-    s = _finish(
-      s,
-      jnp.pad(token, ((0, 0), (0, max_gamma))),
-      zeros,
-      zeros,
-      cache,
-      draft_state,
-      method=method,
-      eos_id=eos_id,
-      features=feats,
-    )
-    return propose(s)
-
-  state, (draft, q, draft_state, k_verify) = jax.lax.while_loop(empty, plain, propose(state))
-  # If every row finished during the plain steps, this verification changes nothing and
-  # is not counted.
+def _propose(params, state: DecodeState, key, spec: LoopSpec):
+  """The drafter's proposal: (draft, q, draft state); for a tree, draft is a TreeDraft
+  (its q inside) and q is None."""
+  method = spec.method
   if method.tree is not None:
-    return _tree_round(
-      params,
-      state,
-      draft,
-      draft_state,
-      k_verify,
-      cfg=cfg,
-      method=method,
-      sampling=sampling,
-      eos_id=eos_id,
-      counted=~jnp.all(state.done),
+    draft, draft_state = method.drafter.propose_tree(
+      params['draft'], state.spec.draft, state, key, method.tree, spec.sampling
     )
+    return draft, None, draft_state
+  return method.drafter.propose(
+    params['draft'], state.spec.draft, state, key, method.gamma, spec.sampling
+  )
+
+
+# Rounds: a plain step, a chain and a tree, each from its key to its emit.
+
+
+def _plain(params, state: DecodeState, key, draft_state, spec: LoopSpec) -> DecodeState:
+  """One target token after the last, sampled with `key`; the drafter's state (which may
+  be a proposal left unverified) is brought up to date by the emit step."""
   logits, cache, feats = target_forward(
-    target, jnp.concatenate([state.last_tokens[:, None], draft], 1), state.cache, cfg, method
+    params['target'], state.last_tokens[:, None], state.cache, spec.cfg, spec.method
+  )
+  token = sampling_lib.sample(logits[:, 0], key, spec.sampling)[:, None]
+  zeros = jnp.zeros_like(state.num_generated)
+  token = jnp.pad(token, ((0, 0), (0, spec.method.gamma)))
+  return _emit(state, spec, token, zeros, zeros, cache, draft_state, features=feats)
+
+
+def _chain(params, state, draft, q, draft_state, key, spec: LoopSpec, counted=True):
+  """Verifies a chain draft[B, K] in one target forward over [last token, draft]."""
+  method = spec.method
+  logits, cache, feats = target_forward(
+    params['target'],
+    jnp.concatenate([state.last_tokens[:, None], draft], 1),
+    state.cache,
+    spec.cfg,
+    method,
   )
   new_tokens, accepted, drafted, untrusted = _verify(
-    logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=max_gamma
+    logits, draft, q, key, method=method, sampling=spec.sampling, max_gamma=method.gamma
   )
-  return _finish(
+  return _emit(
     state,
+    spec,
     new_tokens,
     accepted,
     drafted,
     cache,
     draft_state,
-    method=method,
-    eos_id=eos_id,
-    counted=~jnp.all(state.done),
+    counted=counted,
     features=feats,
     untrusted=untrusted,
   )
 
 
-def _tree_round(
-  params, state, draft, draft_state, key, *, cfg, method: Method, sampling, eos_id, counted=True
-) -> DecodeState:
+def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) -> DecodeState:
   """Verifies a tree draft in one target forward and commits its accepted path.
 
   The target runs over [last token, the N nodes] at slots lengths .. lengths + N, each
@@ -288,6 +279,7 @@ def _tree_round(
   accepted path's keys and values are then moved to contiguous slots (per row), the
   rest left past the committed length, and the drafter told the path.
   """
+  method, cfg, sampling = spec.method, spec.cfg, spec.sampling
   target, model = params['target'], cfg.family
   b, n = draft.tokens.shape
   anc = tree_lib.ancestors(draft.parents)
@@ -322,15 +314,14 @@ def _tree_round(
     # nothing left to propose there. The verifier rejects it; it is not counted as broken.
     exhausted = jnp.all(draft.q == 0, axis=-1)
     untrusted = jnp.any(bad & ~exhausted, -1)
-  return _finish(
+  return _emit(
     state,
+    spec,
     new_tokens,
     accepted,
     drafted,
     cache,
     draft_state,
-    method=method,
-    eos_id=eos_id,
     counted=counted,
     features=feats,
     stop=jnp.take_along_axis(path, accepted[:, None], axis=1)[:, 0],
@@ -338,32 +329,100 @@ def _tree_round(
   )
 
 
-def _iteration(params, state: DecodeState, key, *, cfg, method: Method, sampling):
-  """One draft-and-verify round of method.gamma draft tokens (0: a plain step).
+def _verified(params, state, proposal, key, spec: LoopSpec, counted=True) -> DecodeState:
+  """The chain or tree round that verifies `proposal` (_propose's)."""
+  draft, q, draft_state = proposal
+  if spec.method.tree is not None:
+    return _tree(params, state, draft, draft_state, key, spec, counted)
+  return _chain(params, state, draft, q, draft_state, key, spec, counted)
 
-  Returns (new tokens [B, gamma + 1] of which accepted + 1 count, accepted [B], drafted
-  [B], target cache, features (None unless the drafter reads target features), draft
-  state, untrusted [B] or None).
-  """
-  k_draft, k_verify = jax.random.split(key)
-  last = state.last_tokens[:, None]  # [B, 1]
-  draft_state = state.spec.draft
-  target = params['target']
-  if method.gamma == 0:
-    logits, cache, feats = target_forward(target, last, state.cache, cfg, method)
-    token = sampling_lib.sample(logits[:, 0], k_verify, sampling)[:, None]
-    zeros = jnp.zeros_like(state.num_generated)
-    return token, zeros, zeros, cache, feats, draft_state, None
-  draft, q, draft_state = method.drafter.propose(
-    params['draft'], draft_state, state, k_draft, method.gamma, sampling
-  )
-  logits, cache, feats = target_forward(
-    target, jnp.concatenate([last, draft], 1), state.cache, cfg, method
-  )  # [B, K+1, V]
-  new_tokens, accepted, drafted, untrusted = _verify(
-    logits, draft, q, k_verify, method=method, sampling=sampling, max_gamma=method.gamma
-  )
-  return new_tokens, accepted, drafted, cache, feats, draft_state, untrusted
+
+# Schedules: which round runs when. A fixed method runs one kind of round every
+# iteration, or (drafters that may find nothing) plain steps until a proposal; adaptive
+# control picks among fixed methods, its arms, each iteration.
+
+
+def _every_iteration(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
+  """One round of the method: a plain step (gamma 0), or draft and verify."""
+  state, k_draft, k_verify = _split(state)
+  if spec.method.gamma == 0:
+    return _plain(params, state, k_verify, state.spec.draft, spec)
+  return _verified(params, state, _propose(params, state, k_draft, spec), k_verify, spec)
+
+
+def _until_proposal(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
+  """A drafter that may find nothing to propose (`skip_when_empty`): plain steps in a loop
+  of their own while no row of the batch has a proposal, then one verification. Neither
+  sits inside a branch, so both update the target cache in place (inside a lax.cond XLA
+  would copy it). Each plain step counts as one iteration."""
+  drafter = spec.method.drafter
+
+  def propose(s):
+    s, k_draft, k_verify = _split(s)
+    return s, (_propose(params, s, k_draft, spec), k_verify)
+
+  def empty(carry):
+    s, ((_, _, draft_state), _) = carry
+    return ~drafter.has_proposals(draft_state) & ~jnp.all(s.done)
+
+  def plain(carry):
+    s, ((_, _, draft_state), k_verify) = carry
+    return propose(_plain(params, s, k_verify, draft_state, spec))
+
+  state, (proposal, k_verify) = jax.lax.while_loop(empty, plain, propose(state))
+  # If every row finished during the plain steps, this verification changes nothing and
+  # is not counted.
+  return _verified(params, state, proposal, k_verify, spec, counted=~jnp.all(state.done))
+
+
+def _fixed(spec: LoopSpec):
+  """The schedule of a method without adaptive control: f(params, state) -> state."""
+  if spec.method.gamma and spec.method.drafter.skip_when_empty:
+    return functools.partial(_until_proposal, spec=spec)
+  return functools.partial(_every_iteration, spec=spec)
+
+
+def _controlled(params, state: DecodeState, *, run, arm: int, config) -> DecodeState:
+  """One iteration of adaptive arm `arm` (its fixed schedule `run`), then the
+  controller's update from what it recorded."""
+  before = state.step
+  state = run(params, state)
+  last = jnp.maximum(state.step - 1, 0)
+  counted = state.step > before  # not a verification after every row ended
+  ss = state.spec
+  drafted = jnp.where(counted, ss.drafted[:, last], 0)
+  stops = None if ss.stops is None else ss.stops[:, last]
+  control = adaptive_lib.update(config, ss.control, arm, ss.accepted[:, last], drafted, stops)
+  return state.replace(spec=ss.replace(control=control))
+
+
+def _arms(spec: LoopSpec) -> list:
+  """Adaptive control's arms, by setting index: f(params, state) -> state, one iteration
+  of that fixed setting and the controller's update."""
+  config = spec.method.adaptive
+  return [
+    functools.partial(_controlled, run=_fixed(spec.with_method(arm)), arm=i, config=config)
+    for i, arm in enumerate(spec.method.arms)
+  ]
+
+
+def _adaptive(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
+  """Adaptive control's loop: each setting runs its own inner while_loop, updating the target
+  cache in place, for as long as the controller keeps choosing it; the lax.switch between
+  settings (which copies the cache) runs only when the choice changes."""
+  config = spec.method.adaptive
+  choose = lambda s: adaptive_lib.choose(config, s.spec.control)
+
+  def segment(arm, run, s):
+    # At least one iteration (the setting was just chosen), then on while it stays chosen;
+    # the flag keeps the iteration traced once.
+    body = lambda c: (run(params, c[0]), jnp.bool_(False))
+    stay = lambda c: c[1] | (~jnp.all(c[0].done) & (choose(c[0]) == arm))
+    return jax.lax.while_loop(stay, body, (s, jnp.bool_(True)))[0]
+
+  segments = [functools.partial(segment, i, run) for i, run in enumerate(_arms(spec))]
+  body = lambda s: jax.lax.switch(choose(s), segments, s)
+  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
 
 
 def step(
@@ -375,89 +434,15 @@ def step(
   sampling: sampling_lib.SamplingConfig,
   eos_id: int,
 ) -> DecodeState:
-  """One iteration for every row (done rows compute but do not change).
-
-  Under adaptive control: one iteration of the setting the controller picks (a
-  lax.switch, so the branches copy the target cache; `decode` avoids that).
-  """
+  """One iteration for every row (done rows compute but do not change). Under adaptive
+  control, one iteration of the setting the controller picks (a lax.switch, so the arms
+  copy the target cache; `decode` avoids that)."""
+  spec = LoopSpec(cfg, method, sampling, eos_id)
   if method.adaptive is not None:
-    kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
-    branches = [
-      functools.partial(_adaptive_iteration, params, arm=i, **kw) for i in range(len(method.arms))
-    ]
-    return jax.lax.switch(adaptive_lib.choose(method.adaptive, state.spec.control), branches, state)
-  if method.gamma and method.drafter.skip_when_empty:
-    return _lookup_step(params, state, cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
-  if method.tree is not None:
-    key, sub = jax.random.split(state.key)
-    k_draft, k_verify = jax.random.split(sub)
-    draft, draft_state = method.drafter.propose_tree(
-      params['draft'], state.spec.draft, state, k_draft, method.tree, sampling
+    return jax.lax.switch(
+      adaptive_lib.choose(method.adaptive, state.spec.control), _arms(spec), params, state
     )
-    return _tree_round(
-      params,
-      state.replace(key=key),
-      draft,
-      draft_state,
-      k_verify,
-      cfg=cfg,
-      method=method,
-      sampling=sampling,
-      eos_id=eos_id,
-    )
-  key, sub = jax.random.split(state.key)
-  new_tokens, accepted, drafted, cache, feats, draft_state, untrusted = _iteration(
-    params, state, sub, cfg=cfg, method=method, sampling=sampling
-  )
-  return _finish(
-    state.replace(key=key),
-    new_tokens,
-    accepted,
-    drafted,
-    cache,
-    draft_state,
-    method=method,
-    eos_id=eos_id,
-    features=feats,
-    untrusted=untrusted,
-  )
-
-
-def _adaptive_iteration(
-  params, state: DecodeState, *, arm: int, cfg, method: Method, sampling, eos_id
-) -> DecodeState:
-  """One ordinary iteration of adaptive setting `arm` (static), then the controller's update
-  from what it recorded."""
-  before = state.step
-  state = step(params, state, cfg=cfg, method=method.arms[arm], sampling=sampling, eos_id=eos_id)
-  last = jnp.maximum(state.step - 1, 0)
-  ran = state.step > before  # an iteration counted (not a verification after every row ended)
-  spec = state.spec
-  drafted = jnp.where(ran, spec.drafted[:, last], 0)
-  stops = None if spec.stops is None else spec.stops[:, last]
-  control = adaptive_lib.update(
-    method.adaptive, spec.control, arm, spec.accepted[:, last], drafted, stops
-  )
-  return state.replace(spec=spec.replace(control=control))
-
-
-def _adaptive_decode(params, state: DecodeState, **kw) -> DecodeState:
-  """Adaptive control's loop: each setting runs its own inner while_loop, updating the target
-  cache in place, for as long as the controller keeps choosing it; the lax.switch between
-  settings (which copies the cache) runs only when the choice changes."""
-  config = kw['method'].adaptive
-  choose = lambda s: adaptive_lib.choose(config, s.spec.control)
-
-  def segment(arm, s):
-    # At least one iteration (the setting was just chosen), then on while it stays chosen;
-    # the flag keeps the iteration traced once.
-    body = lambda c: (_adaptive_iteration(params, c[0], arm=arm, **kw), jnp.bool_(False))
-    stay = lambda c: c[1] | (~jnp.all(c[0].done) & (choose(c[0]) == arm))
-    return jax.lax.while_loop(stay, body, (s, jnp.bool_(True)))[0]
-
-  segments = [functools.partial(segment, i) for i in range(len(config.arms))]
-  body = lambda s: jax.lax.switch(choose(s), segments, s)
-  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return _fixed(spec)(params, state)
 
 
 def decode(
@@ -469,9 +454,9 @@ def decode(
   sampling: sampling_lib.SamplingConfig,
   eos_id: int,
 ) -> DecodeState:
-  """Runs `step` inside one lax.while_loop until every row is done."""
-  kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=eos_id)
+  """Runs the method's schedule inside one lax.while_loop until every row is done."""
+  spec = LoopSpec(cfg, method, sampling, eos_id)
   if method.adaptive is not None:
-    return _adaptive_decode(params, state, **kw)
-  body = lambda s: step(params, s, **kw)
+    return _adaptive(params, state, spec)
+  body = functools.partial(_fixed(spec), params)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
