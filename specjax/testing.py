@@ -57,9 +57,9 @@ class ByteTokenizer:
 
   def encode_conversation(self, messages) -> list[int]:
     """BOS, then the messages' contents a blank line apart (one message: `encode_chat`'s)."""
-    from specjax.tokenizer import _check_conversation
+    from specjax.tokenizer import check_conversation
 
-    _check_conversation(messages)
+    check_conversation(messages)
     return [self.bos_id] + self.encode('\n\n'.join(m['content'] for m in messages))
 
   def decode(self, ids, skip_special_tokens: bool = True) -> str:

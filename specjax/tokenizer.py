@@ -257,7 +257,7 @@ class Tokenizer:
     Raises:
       ValueError: a user message is empty, or the roles do not alternate from user to user.
     """
-    _check_conversation(messages)
+    check_conversation(messages)
     if not self.use_chat_template:
       return self.encode_text('\n\n'.join(m['content'] for m in messages))
     return self.encode(self.apply_chat_template([dict(m) for m in messages]))
@@ -365,7 +365,7 @@ def _gemma_bpe(meta: Mapping[str, Any], path: PathLike) -> tokenizers.Tokenizer:
   return tok
 
 
-def _check_conversation(messages: Sequence[Mapping[str, str]]) -> None:
+def check_conversation(messages: Sequence[Mapping[str, str]]) -> None:
   """A conversation `encode_conversation` renders: user and assistant messages in turn,
   first and last the user's; no user message empty (an answer may be: a model can stop at once)."""
   if not messages or len(messages) % 2 == 0:

@@ -10,7 +10,6 @@ import tensorflow_datasets as tfds
 
 import specjax.datasets
 from specjax.data import prompts, specbench, tfds_prompts
-from specjax.train import data as train_data
 from specjax.train import prompts as train_prompts
 from specjax.train import tfds_corpora
 
@@ -97,7 +96,7 @@ def test_corpora_equal_their_sources(kind, tmp_path):
     assert texts == train_prompts.instruction_prompts(0)
     assert tfds_corpora.texts(kind, 3, tmp_path) == train_prompts.instruction_prompts(3)
   elif kind == 'stdlib':
-    files = train_data.stdlib_files()
+    files = tfds_corpora.stdlib_files()
     assert texts == [f.read_text(errors='replace') for f in files]
     names = tfds_corpora.names(kind, folder=tmp_path)
     assert [pathlib.PurePosixPath(n).name for n in names] == [f.name for f in files]

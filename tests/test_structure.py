@@ -79,6 +79,74 @@ def test_no_import_cycle_between_folders():
   assert not cycles, cycles
 
 
+def _module(path: pathlib.Path) -> str:
+  """specjax/decode/loop.py -> 'specjax.decode.loop'; a package's __init__ -> the package."""
+  parts = ('specjax', *path.relative_to(PACKAGE).with_suffix('').parts)
+  return '.'.join(parts).removesuffix('.__init__')
+
+
+def module_imports() -> tuple[dict[str, set[str]], list[str]]:
+  """({module: specjax modules it imports, lazy imports too}, ['a uses b._name', ...]): the
+  private names one module takes from another, by `from b import _name` or `b._name`."""
+  modules = {_module(p): p for p in PACKAGE.rglob('*.py')}
+  graph, private = {}, []
+  for module, path in modules.items():
+    tree = ast.parse(path.read_text())
+    aliases = {}  # local name -> the specjax module it is bound to
+    for stmt in ast.walk(tree):
+      if isinstance(stmt, ast.ImportFrom) and (stmt.module or '').startswith('specjax'):
+        for a in stmt.names:
+          full = f'{stmt.module}.{a.name}'
+          if full in modules:  # from package import module
+            graph.setdefault(module, set()).add(full)
+            aliases[a.asname or a.name] = full
+          else:
+            graph.setdefault(module, set()).add(stmt.module)
+            if a.name.startswith('_'):
+              private.append(f'{module} uses {stmt.module}.{a.name}')
+      elif isinstance(stmt, ast.Import):
+        for a in stmt.names:
+          if a.name.startswith('specjax.'):
+            graph.setdefault(module, set()).add(a.name)
+            aliases[a.asname or a.name] = a.name
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and node.attr.startswith('_')
+        and not node.attr.startswith('__')
+      ):
+        private.append(f'{module} uses {aliases[node.value.id]}.{node.attr}')
+  graph = {m: {t for t in ts if t != m and t in modules} for m, ts in graph.items()}
+  return graph, sorted(set(private))
+
+
+def test_no_import_cycle_between_modules():
+  """Between any two modules, inside a folder too, lazy imports included: an import inside
+  a function hides a circle from Python, not from this test."""
+  graph, _ = module_imports()
+
+  def reaches(start, goal):
+    seen, todo = set(), list(graph.get(start, ()))
+    while todo:
+      n = todo.pop()
+      if n == goal:
+        return True
+      if n not in seen:
+        seen.add(n)
+        todo.extend(graph.get(n, ()))
+    return False
+
+  cycles = sorted(m for m in graph if reaches(m, m))
+  assert not cycles, cycles
+
+
+def test_no_private_name_crosses_a_module():
+  _, private = module_imports()
+  assert not private, private
+
+
 def test_every_registry_entry_resolves():
   for table in (registry.FAMILIES, registry.DRAFTS, registry.VERIFIERS, registry.DIVERGENCES):
     for name in table.names:

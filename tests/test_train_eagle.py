@@ -118,12 +118,12 @@ def _eval_texts():
 
 
 def test_training_sources_are_the_stdlib_corpus_read_through_tfds():
-  from specjax.train import data as train_data
+  from specjax.train import tfds_corpora
 
   root = pathlib.Path(sysconfig.get_paths()['stdlib'])
   sources = feature_data.training_sources()
   names = [name for name, _ in sources]
-  on_disk = [f.relative_to(root).as_posix() for f in train_data.stdlib_files()]
+  on_disk = [f.relative_to(root).as_posix() for f in tfds_corpora.stdlib_files()]
   assert names == sorted(names) and set(names) < set(on_disk)
   assert 'textwrap.py' in on_disk and 'textwrap.py' not in names  # a code-edit module
   assert 'json/encoder.py' in names

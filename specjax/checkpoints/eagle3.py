@@ -181,7 +181,7 @@ def load(directory) -> tuple[EagleConfig, dict, dict]:
       capture=capture,
       rope_base=float(c.get('rope_theta', 10000.0)),
       norm_eps=float(c.get('rms_norm_eps', 1e-5)),
-      rope_scaling=hf._rope(c.get('rope_scaling'), 0.0, d / CONFIG_FILE, 'rope_scaling')[1],
+      rope_scaling=hf.parse_rope(c.get('rope_scaling'), 0.0, d / CONFIG_FILE, 'rope_scaling')[1],
     )
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None

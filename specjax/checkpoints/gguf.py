@@ -36,7 +36,7 @@ import tqdm
 from specjax.formats.gguf_file import (  # noqa: F401
   GGUFFile,
   TensorInfo,
-  _corrupt,
+  corrupt,
   open_reader,
   read_metadata,
 )

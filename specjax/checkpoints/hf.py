@@ -181,7 +181,7 @@ HF_ARCHS = {
 }
 
 
-def _rope(rope: dict[str, Any], base: float, file: pathlib.Path, where: str) -> tuple:
+def parse_rope(rope: dict[str, Any], base: float, file: pathlib.Path, where: str) -> tuple:
   """(RoPE base, rope_scaling tuple) from a transformers rope_parameters / rope_scaling dict."""
   rope = rope or {}
   kind = rope.get('rope_type', rope.get('type', 'default'))
@@ -251,10 +251,10 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
     kwargs: dict[str, Any] = {}
     if gemma:
       if 'full_attention' in rope:  # transformers 5: one dict per layer type
-        base, scaling = _rope(rope['full_attention'], default_base, file, 'rope_parameters')
-        local, _ = _rope(rope.get('sliding_attention'), 10000.0, file, 'rope_parameters')
+        base, scaling = parse_rope(rope['full_attention'], default_base, file, 'rope_parameters')
+        local, _ = parse_rope(rope.get('sliding_attention'), 10000.0, file, 'rope_parameters')
       else:
-        base, scaling = _rope(rope, default_base, file, 'rope_scaling')
+        base, scaling = parse_rope(rope, default_base, file, 'rope_scaling')
         local = float(config.get('rope_local_base_freq', 10000.0))
       types = config.get('layer_types')
       if types is None:
@@ -281,7 +281,7 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
         rope_local_base=local,
       )
     else:
-      base, scaling = _rope(rope, default_base, file, 'rope_parameters')
+      base, scaling = parse_rope(rope, default_base, file, 'rope_parameters')
       kwargs = dict(qkv_bias=arch == 'qwen2', qk_norm=arch == 'qwen3')
       if arch == 'mistral' and config.get('sliding_window'):
         kwargs['sliding_window'] = int(config['sliding_window'])

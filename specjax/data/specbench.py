@@ -21,7 +21,8 @@ import os
 import pathlib
 
 from specjax import assets
-from specjax.data.prompts import Prompt, _jsonl_objects
+from specjax.data import parse
+from specjax.data.parse import Prompt
 
 REPOSITORY = 'https://github.com/hemingkx/Spec-Bench'
 REPOSITORY_PATH = 'data/spec_bench/question.jsonl'
@@ -125,42 +126,5 @@ def load(spec: str, num_prompts: int | None = None) -> list[Prompt]:
 
 
 def read_questions(path: str | os.PathLike[str]) -> list[Prompt]:
-  """Every question of a Spec-Bench question.jsonl, checked line by line: an object with
-  "question_id" (an integer or a non-empty string, unique), "category" (a non-empty string)
-  and "turns" (a non-empty list of non-empty strings); other keys (e.g. "reference") are
-  ignored. Each error names the file, the line and the field."""
-  path = pathlib.Path(path)
-  out, first_line = [], {}
-  for lineno, obj in _jsonl_objects(path):
-    where = f'{path}:{lineno}'
-    if not isinstance(obj, dict):
-      raise ValueError(f'{where}: expected a JSON object, got {type(obj).__name__}.')
-    for field in ('question_id', 'category', 'turns'):
-      if field not in obj:
-        raise ValueError(f'{where}: no "{field}" field; keys found: {sorted(obj)}.')
-    qid = obj['question_id']
-    if isinstance(qid, bool) or not isinstance(qid, int | str) or qid == '':
-      raise ValueError(
-        f'{where}: "question_id" = {qid!r}: expected an integer or a non-empty string.'
-      )
-    qid = str(qid)
-    if qid in first_line:
-      raise ValueError(
-        f'{where}: duplicate "question_id" {qid!r} (first on line {first_line[qid]}).'
-      )
-    first_line[qid] = lineno
-    category = obj['category']
-    if not isinstance(category, str) or not category.strip():
-      raise ValueError(f'{where}: "category" = {category!r}: expected a non-empty string.')
-    turns = obj['turns']
-    if not isinstance(turns, list) or not turns:
-      raise ValueError(f'{where}: "turns" = {turns!r}: expected a non-empty list of strings.')
-    for k, turn in enumerate(turns):
-      if not isinstance(turn, str) or not turn.strip():
-        raise ValueError(
-          f'{where}: "turns"[{k}] = {turn!r}: expected a non-empty string (a user turn).'
-        )
-    out.append(Prompt(id=qid, text=turns[0], category=category, later_turns=tuple(turns[1:])))
-  if not out:
-    raise ValueError(f'{path}: no questions (the file is empty).')
-  return out
+  """Every question of a Spec-Bench question.jsonl, each line checked (see parse.py)."""
+  return parse.specbench_questions(path)

@@ -30,6 +30,7 @@ import pathlib
 import tensorflow_datasets as tfds
 
 from specjax import assets
+from specjax.data import parse
 
 VERSION = '1.0.0'
 SETS = ('humaneval', 'mtbench', 'code_edit')
@@ -101,18 +102,16 @@ class SpecjaxPrompts(tfds.core.GeneratorBasedBuilder):
 
 def _source_prompts(config: PromptSetConfig):
   """The prompts a config's dataset is built from, parsed from their sources."""
-  from specjax.data import prompts, specbench  # the parsers (they call `read`, not this)
-
   if config.path:
-    return specbench.read_questions(config.path)
+    return parse.specbench_questions(config.path)
   if config.name == 'humaneval':
-    return prompts._humaneval(assets.fetch('humaneval'))
+    return parse.humaneval_tasks(assets.fetch('humaneval'))
   if config.name == 'mtbench':
-    return prompts._mtbench_all_turns(assets.fetch('mtbench'))
+    return parse.mtbench_questions(assets.fetch('mtbench'))
   if config.name == 'code_edit':
     from specjax.data.code_edit import code_edit_prompts
 
-    return [prompts.Prompt(id=i, text=t, category='code_edit') for i, t in code_edit_prompts()]
+    return [parse.Prompt(id=i, text=t, category='code_edit') for i, t in code_edit_prompts()]
   raise ValueError(f'specjax_prompts has no config {config.name!r}; configs: {", ".join(SETS)}.')
 
 
@@ -155,15 +154,13 @@ def builder(config: str | PromptSetConfig, folder: str | pathlib.Path | None = N
 
 def read(config: str | PromptSetConfig, folder: str | pathlib.Path | None = None):
   """Every prompt of a set, in file order, read from its TFDS dataset (built if missing)."""
-  from specjax.data.prompts import Prompt
-
   source = builder(config, folder).as_data_source(split='test')
   out = []
   for i in range(len(source)):
     ex = source[i]
     turns = [t.decode() for t in ex['turns']]
     out.append(
-      Prompt(
+      parse.Prompt(
         id=ex['id'].decode(),
         text=ex['text'].decode(),
         category=ex['category'].decode(),

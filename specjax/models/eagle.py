@@ -197,8 +197,8 @@ def cached_step(
   new = {}
 
   def attend(q, k, v):
-    new['k'] = llama._write(cache.k[0], k, writes)
-    new['v'] = llama._write(cache.v[0], v, writes)
+    new['k'] = llama.write_slots(cache.k[0], k, writes)
+    new['v'] = llama.write_slots(cache.v[0], v, writes)
     return llama.attention(q, new['k'], new['v'], mask)
 
   out = layer(params['layer'], x, e, cos, sin, cfg, attend)

@@ -304,7 +304,7 @@ def attention(
   return _cache_values(probs, v).reshape(b, t, n, h)
 
 
-def _write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+def write_slots(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
   """buffer[b, :, positions[b, t]] = new[b, t] for a head-major buffer [B, G, S, H] and
   new[B, T, G, H]; writes past the end are dropped.
 
@@ -437,8 +437,8 @@ def _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capt
     windowed = mask & near
 
   def attend(i, q, k, v):
-    new_k[i] = _write(cache.k[i], k, slots)
-    new_v[i] = _write(cache.v[i], v, slots)
+    new_k[i] = write_slots(cache.k[i], k, slots)
+    new_v[i] = write_slots(cache.v[i], v, slots)
     return attention(
       q, new_k[i], new_v[i], windowed if cfg.is_sliding(i) else mask, cfg.query_scale
     )

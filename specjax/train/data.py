@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import pathlib
-import sysconfig
 import time
 
 import jax
@@ -69,24 +68,6 @@ class Dataset:
   @property
   def num_tokens(self) -> int:
     return int(self.mask.sum())
-
-
-def stdlib_files() -> list[pathlib.Path]:
-  """The interpreter's pure-Python standard library, tests and bundled apps left out, sorted."""
-  root = pathlib.Path(sysconfig.get_paths()['stdlib'])
-  skip = {
-    'test',
-    'tests',
-    'idlelib',
-    'lib2to3',
-    'site-packages',
-    'turtledemo',
-    'pydoc_data',
-    'ensurepip',
-    'tkinter',
-    'unittest',
-  }
-  return sorted(f for f in root.rglob('*.py') if not skip & set(f.relative_to(root).parts))
 
 
 def doc_text() -> str:
@@ -225,7 +206,7 @@ def build(target, config, progress=print) -> tuple[Dataset, Dataset]:
   for i, (p, a) in enumerate(responses):
     sequences.append((*pack(p, a, seq_len), 0, i >= len(responses) - config.eval_prompts))
 
-  files = tfds_corpora.texts('stdlib')  # stdlib_files()' sources, in their order
+  files = tfds_corpora.texts('stdlib')  # tfds_corpora.stdlib_files()' sources, in order
   rng.shuffle(files)
   code_ids = []
   for text in files[: config.code_files]:

@@ -35,6 +35,7 @@ from specjax.models import eagle as eagle_model
 from specjax.models import llama
 from specjax.train import data as data_lib
 from specjax.train import feature_data
+from specjax.train.task import Task, make_optimizer, optimizer_step
 
 
 def _split_heads(x, n):
@@ -141,8 +142,6 @@ def loss_fn(params, frozen, batch, key, cfg, unroll, decay, divergence, keep: in
 
 def make_train_step(cfg, optimizer, unroll: int, decay: float, divergence: str, keep: int = 0):
   """A jitted (state, frozen, batch, key) -> (state, metrics)."""
-  from specjax.train.trainer import optimizer_step
-
   loss = functools.partial(
     loss_fn, cfg=cfg, unroll=unroll, decay=decay, divergence=divergence, keep=keep
   )
@@ -282,7 +281,6 @@ def setup(config, progress=print) -> HeadSetup:
 def task(config, progress=print):
   """What specjax.train.trainer.train runs for a config of kind 'eagle'."""
   from specjax.checkpoints import eagle3
-  from specjax.train.trainer import Task, make_optimizer
 
   s = setup(config, progress)
   optimizer = make_optimizer(config)

@@ -60,7 +60,7 @@ def excluded_modules() -> set[str]:
 
 def training_sources() -> list[tuple[str, str]]:
   """(path under the stdlib folder, source) for training, in path order: the stdlib corpus
-  (TFDS, specjax/train/tfds_corpora.py: specjax.train.data.stdlib_files()' sources) minus
+  (TFDS, specjax/train/tfds_corpora.py: tfds_corpora.stdlib_files()' sources) minus
   the modules of the code-editing benchmark (specjax.data.code_edit.CANDIDATES)."""
   from specjax.train import tfds_corpora
 
@@ -134,7 +134,7 @@ def completion_prompts(sources: list[tuple[str, str]], max_lines: int = 40) -> l
       if node.args.args and node.args.args[0].arg in ('self', 'cls'):
         continue  # methods need their class
       source = textwrap.dedent(''.join(lines[node.lineno - 1 : node.end_lineno]))
-      header = prompts_lib._header(source)
+      header = prompts_lib.source_header(source)
       if header:
         out.append(COMPLETION_TEMPLATE.format(header=header))
   return out

@@ -185,7 +185,7 @@ def _stdlib_source(qualname: str) -> str | None:
   return None if source is None else inspect.cleandoc('\n' + source) + '\n'
 
 
-def _header(source: str) -> str | None:
+def source_header(source: str) -> str | None:
   """The def line(s) and docstring of a function's source, or None without a docstring."""
   lines = source.splitlines(keepends=True)
   for i, line in enumerate(lines):
@@ -206,7 +206,7 @@ def stdlib_prompts(max_lines: int = 60) -> list[str]:
     source = _stdlib_source(qualname)
     if source is None or source.count('\n') > max_lines:
       continue
-    header = _header(source)
+    header = source_header(source)
     if header:
       out.append(STDLIB_TEMPLATES[0].format(header=header))
     out.append(STDLIB_TEMPLATES[1].format(source=source))

@@ -76,16 +76,32 @@ class SpecjaxCorpus(tfds.core.GeneratorBasedBuilder):
       yield i, {'name': name, 'text': text}
 
 
+def stdlib_files() -> list[pathlib.Path]:
+  """The interpreter's pure-Python standard library, tests and bundled apps left out, sorted."""
+  root = pathlib.Path(sysconfig.get_paths()['stdlib'])
+  skip = {
+    'test',
+    'tests',
+    'idlelib',
+    'lib2to3',
+    'site-packages',
+    'turtledemo',
+    'pydoc_data',
+    'ensurepip',
+    'tkinter',
+    'unittest',
+  }
+  return sorted(f for f in root.rglob('*.py') if not skip & set(f.relative_to(root).parts))
+
+
 def _entries(config: CorpusConfig) -> list[tuple[str, str]]:
-  from specjax.train import data, prompts
+  from specjax.train import prompts
 
   if config.kind == 'instructions':
     return [(str(i), p) for i, p in enumerate(prompts.instruction_prompts(config.seed))]
   if config.kind == 'stdlib':
     root = pathlib.Path(sysconfig.get_paths()['stdlib'])
-    return [
-      (f.relative_to(root).as_posix(), f.read_text(errors='replace')) for f in data.stdlib_files()
-    ]
+    return [(f.relative_to(root).as_posix(), f.read_text(errors='replace')) for f in stdlib_files()]
   from pydoc_data import topics
 
   return [(k, topics.topics[k]) for k in sorted(topics.topics)]

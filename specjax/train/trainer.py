@@ -26,12 +26,10 @@ import os
 import pathlib
 import signal
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 import tqdm
 
@@ -39,24 +37,10 @@ from specjax import registry
 from specjax.checkpoints import draft_dir
 from specjax.drafters import distilled
 from specjax.train import data as data_lib
+from specjax.train import eagle_head
+from specjax.train.task import Task, make_optimizer, optimizer_step
 
 log = logging.getLogger(__name__)
-
-
-def make_optimizer(config) -> optax.GradientTransformation:
-  """Gradient clipping, then AdamW with linear warm-up and cosine decay."""
-  o = config.optim
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=o.lr,
-    warmup_steps=o.warmup_steps,
-    decay_steps=max(config.num_steps, o.warmup_steps + 1),
-    end_value=o.lr * o.end_lr_fraction,
-  )
-  return optax.chain(
-    optax.clip_by_global_norm(o.clip_norm),
-    optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay),
-  )
 
 
 def teacher_dense(topk_ids, topk_probs, full_to_sub, size: int) -> jax.Array:
@@ -98,27 +82,6 @@ def make_train_step(cfg, optimizer, divergence: str, position_keep: float = 1.0)
   """A jitted (state, frozen, batch, key) -> (state, metrics)."""
   loss = functools.partial(loss_fn, cfg=cfg, divergence=divergence, position_keep=position_keep)
   return optimizer_step(loss, optimizer)
-
-
-def optimizer_step(loss, optimizer):
-  """A jitted (state, frozen, batch, key) -> (state, metrics) for any
-  loss(params, frozen, batch, key) -> (loss, metrics): one optax update. A step whose loss,
-  gradients or new parameters are not finite returns the state unchanged, with
-  metrics['finite'] False."""
-  grad_fn = jax.value_and_grad(loss, has_aux=True)
-
-  @functools.partial(jax.jit, donate_argnums=0)
-  def step(state, frozen, batch, key):
-    (loss, aux), grads = grad_fn(state['params'], frozen, batch, key)
-    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
-    params = optax.apply_updates(state['params'], updates)
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(params))
-    metrics = {'loss': loss, 'grad_norm': grad_norm, 'finite': finite, **aux}
-    new = {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}
-    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state), metrics
-
-  return step
 
 
 def make_eval_step(cfg):
@@ -275,25 +238,6 @@ def setup(config, progress=print) -> Setup:
   return Setup(target, train_data, eval_data, cfg, params, frozen, cov)
 
 
-@dataclasses.dataclass
-class Task:
-  """What `train` needs of a kind of draft: its parameters, steps, data and saving.
-
-  The distilled draft (`distill_task`) and the EAGLE head (specjax.train.eagle_head.task)
-  share the loop below: checkpoints, resume, progress, metrics and plots.
-  """
-
-  describe: str  # printed before the first step
-  init_params: dict  # trained parameters
-  frozen: dict  # arrays the steps read but do not train
-  train_step: Callable  # jitted (state, frozen, batch, key) -> (state, metrics)
-  optimizer: optax.GradientTransformation
-  evaluate: Callable  # params -> dict of held-aside metrics
-  batch: Callable  # step -> the batch of that step (a pure function of it)
-  save: Callable  # (workdir, params, steps, eval records) -> None: the trained draft
-  summary: Callable  # eval dict -> one line for the progress bar
-
-
 def distill_task(config, progress=print) -> Task:
   """The distilled draft (DistillSpec) as a Task."""
   s = setup(config, progress)
@@ -386,6 +330,10 @@ def check_resume(config, workdir: pathlib.Path) -> None:
   os.replace(tmp, saved)
 
 
+# Kinds of trainable draft (config.kind) -> config -> Task.
+TASKS = {'distilled': distill_task, 'eagle': eagle_head.task}
+
+
 def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict:
   """Trains (or resumes) a draft per `config` in `workdir`; returns the final evaluation.
 
@@ -396,14 +344,11 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
   workdir.mkdir(parents=True, exist_ok=True)
   check_resume(config, workdir)
   kind = config.get('kind', 'distilled')
-  if kind == 'eagle':
-    from specjax.train import eagle_head
-
-    task = eagle_head.task(config)
-  elif kind == 'distilled':
-    task = distill_task(config)
-  else:
-    raise ValueError(f"config.kind: unknown draft kind {kind!r}, expected 'distilled' or 'eagle'")
+  if kind not in TASKS:
+    raise ValueError(
+      f'config.kind: unknown draft kind {kind!r}, expected one of {", ".join(map(repr, TASKS))}'
+    )
+  task = TASKS[kind](config)
   print(task.describe, flush=True)
   state = {
     'step': jnp.zeros((), jnp.int32),
