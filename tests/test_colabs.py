@@ -28,8 +28,10 @@ def test_notebook_runs(path, monkeypatch):
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
 def test_notebook_is_stripped_and_installs(path):
-  """Git keeps notebooks without outputs, and each opens in Colab with an install cell."""
+  """Git keeps notebooks without outputs, each opens in Colab with an install cell, and
+  configs load through specjax.config_lib (no sys.path edits to reach configs/)."""
   cells = nbformat.read(path, as_version=4).cells
   code = [c for c in cells if c.cell_type == 'code']
   assert all(not c.outputs and c.execution_count is None for c in code), 'outputs not stripped'
   assert any('!pip install' in c.source for c in code[:2]), 'no install cell at the top'
+  assert not [c.source for c in code if 'sys.path' in c.source], 'edits sys.path'
