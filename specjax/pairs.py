@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core import contract
 from specjax.models import llama
 from specjax.models import sharding as sharding_lib
 
@@ -422,6 +423,12 @@ def check_model_spec(spec: str) -> bool:
     return False
   lookup(spec[len(DRY) :], f'model spec {spec!r}:')
   return True
+
+
+# The model spec 'dry:<name>' (specjax/registry.py MODEL_SOURCES).
+DRY_SOURCE = contract.ModelSource(
+  usage='dry:<a model of specjax/pairs.py>', matches=check_model_spec, load=dry_model
+)
 
 
 def check_dry_run(config, summary: dict, say=print) -> None:

@@ -5,6 +5,8 @@
   DRAFTS       draft kinds ('ngram', 'layers', 'consensus', ...): specjax/drafters/
   VERIFIERS    'greedy', 'rejection', 'block': specjax/verify/
   DIVERGENCES  distillation losses ('forward_kl', 'tvd', ...): specjax/train/divergences.py
+  MODEL_SOURCES  model specs besides assets, .gguf files and Hugging Face directories: the
+               test stand-ins 'tiny' and 'dry:<a paper pair's model>' (core.contract.ModelSource)
 
 Entries are 'module:attribute', imported on first use (specjax/core/registry.py), so this
 module imports only core and any layer may look a name up. Adding a drafter kind is its
@@ -53,6 +55,11 @@ DIVERGENCES = Registry(
     'jsd': 'specjax.train.divergences:jsd',
     'tvd': 'specjax.train.divergences:tvd',
   },
+)
+
+MODEL_SOURCES = Registry(
+  'model source',
+  {'tiny': 'specjax.testing:TINY_SOURCE', 'dry': 'specjax.pairs:DRY_SOURCE'},
 )
 
 

@@ -1,8 +1,11 @@
 """The work behind `python -m specjax.run`: orchestration only, importable from notebooks.
 
-validate the config (run_config) -> load the target and the drafts (checkpoints, registry)
--> measure costs (bench.costs) -> decode every method, interleaved batch by batch
-(decode.engine) -> summarise (metrics) -> write and print (report).
+`main` is a pipeline of typed stages: `make_plan` (every check of the config, before
+anything loads; the workload, the work directory) -> `open_session` (the target, the
+prompts' ids, one engine per draft) -> `decide` (measured costs, adaptive controllers,
+hopeless drafts skipped) -> `decode_run` (every method, interleaved batch by batch, then the
+summary) -> the reporters `Plan.reporters` picks (results files, leaderboard, verdict or
+table). A new feature adds a plan field or a reporter, not a branch in `main`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -249,7 +253,6 @@ def decode_all(
   finished = {}  # (batch, method) -> that (batch, turn)'s records, from `done`
   for r in done:
     finished.setdefault((r['batch'], r['method']), []).append(r)
-  sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   records = {m.name: [] for m in methods}
   inputs = {m.name: [] for m in methods}
   compile_seconds = {m.name: 0.0 for m in methods}
@@ -258,49 +261,44 @@ def decode_all(
     batch = list(range(i, min(i + config.batch_size, len(workload))))
     chats = {m.name: {j: [] for j in batch} for m in methods}  # each method's conversations
     for turn, rows in turns_of(workload, batch):
-      if all(len(finished.get((calls, m.name), ())) == len(rows) for m in methods):  # done
-        for m in methods:
-          for j, rec in zip(rows, finished[calls, m.name]):
-            chat = chats[m.name][j]
-            chat.append({'role': 'user', 'content': rec['prompt']})
-            records[m.name].append(rec)
-            inputs[m.name].append(encoded[j] if turn == 1 else tokenizer.encode_conversation(chat))
-            chat.append({'role': 'assistant', 'content': rec['output'].strip()})
-        calls += 1
-        continue
+      # A (batch, turn) every method finished before the run was interrupted is replayed.
+      replayed = all(len(finished.get((calls, m.name), ())) == len(rows) for m in methods)
       for m in methods:
-        ids, asked = [], []
-        for j in rows:
-          p = workload[j]
-          text = p.text if turn == 1 else p.later_turns[turn - 2]
-          chat = chats[m.name][j]
-          chat.append({'role': 'user', 'content': text})
-          asked.append(p if turn == 1 else dataclasses.replace(p, text=text))
-          if turn == 1:
-            ids.append(encoded[j])
-            continue
-          try:
-            ids.append(tokenizer.encode_conversation(chat))
-          except ValueError as e:
-            raise ValueError(f'prompt {p.id!r}, turn {turn}: {e}') from None
-        out = engines[m.draft].generate(
-          ids,
-          config.max_new_tokens,
-          sampling,
-          seed=config.seed + i + (turn - 1) * len(workload),
-          gamma=m.gamma,
-          verifier=config.verifier,
-          adaptive=adaptive.get(m.name),
-          tree=m.tree_spec,
-        )
-        compile_seconds[m.name] += out.compile_seconds
-        for row, j in enumerate(rows):
-          rec = metrics.record(asked[row], ids[row], out, row, tokenizer, m.name, calls)
-          rec['turn'] = turn
+        chat = chats[m.name]
+        if replayed:
+          recs, ids, seconds = finished[calls, m.name], None, 0.0
+          for j, rec in zip(rows, recs):
+            chat[j].append({'role': 'user', 'content': rec['prompt']})
+        else:
+          asked, ids = _turn_inputs(workload, encoded, tokenizer, chat, rows, turn)
+          out = engines[m.draft].generate(
+            ids,
+            config.max_new_tokens,
+            SamplingConfig(config.temperature, config.top_k, config.top_p),
+            seed=config.seed + i + (turn - 1) * len(workload),
+            gamma=m.gamma,
+            verifier=config.verifier,
+            adaptive=adaptive.get(m.name),
+            tree=m.tree_spec,
+          )
+          seconds = out.compile_seconds
+          recs = [
+            metrics.record(asked[r], ids[r], out, r, tokenizer, m.name, calls) | {'turn': turn}
+            for r in range(len(rows))
+          ]
+        compile_seconds[m.name] += seconds
+        for r, (j, rec) in enumerate(zip(rows, recs)):
           records[m.name].append(rec)
-          inputs[m.name].append(ids[row])
-          chats[m.name][j].append({'role': 'assistant', 'content': rec['output'].strip()})
+          if ids is not None:
+            inputs[m.name].append(ids[r])
+          else:  # replayed: the ids it was asked with, from the chat so far
+            inputs[m.name].append(
+              encoded[j] if turn == 1 else tokenizer.encode_conversation(chat[j])
+            )
+          chat[j].append({'role': 'assistant', 'content': rec['output'].strip()})
       calls += 1
+      if replayed:
+        continue
       keep([records[m.name][-1 - k] for m in methods for k in reversed(range(len(rows)))])
       speeds = (
         f'{m.name}: {records[m.name][-1]["decode_tokens_per_second"]:.1f} tok/s' for m in methods
@@ -308,6 +306,25 @@ def decode_all(
       label = f', turn {turn}' if turn > 1 else ''
       say(f'[{len(batch) + i}/{len(workload)}{label}] ' + ', '.join(speeds))
   return records, compile_seconds, inputs
+
+
+def _turn_inputs(workload, encoded, tokenizer, chats, rows, turn):
+  """(the prompts asked, their token ids) of one method's turn `turn` for `rows`, each
+  row's user message appended to its chat (`chats`: row -> messages so far)."""
+  asked, ids = [], []
+  for j in rows:
+    p = workload[j]
+    text = p.text if turn == 1 else p.later_turns[turn - 2]
+    chats[j].append({'role': 'user', 'content': text})
+    asked.append(p if turn == 1 else dataclasses.replace(p, text=text))
+    if turn == 1:
+      ids.append(encoded[j])
+      continue
+    try:
+      ids.append(tokenizer.encode_conversation(chats[j]))
+    except ValueError as e:
+      raise ValueError(f'prompt {p.id!r}, turn {turn}: {e}') from None
+  return asked, ids
 
 
 PLAN = 'plan.json'  # the costs a run measured and the methods it decodes
@@ -463,16 +480,48 @@ def check_cache_fits(config, workload, encoded, tokenizer, spare: int = 0) -> No
       )
 
 
-def main(
-  config: ml_collections.ConfigDict, workdir: str | None = None, verbose: bool = True
-) -> dict:
-  """Loads the model, runs every method on the workload, writes results; returns them.
+# The run as a pipeline: a plan read from the config once -> a session (model, encoded
+# prompts, engines) -> decisions (costs, controllers, the methods that run) -> the decoded
+# run (records, summary) -> the reporters the plan chose.
 
-  Methods run interleaved batch by batch (every method on a batch before the next
-  batch), so drift of a shared machine hits them alike. Each method's first batch of a
-  shape is preceded by an explicit warm-up that compiles; that time is reported as
-  compile_seconds and kept out of every timing. Returns results.json's content.
-  """
+
+@dataclasses.dataclass
+class Plan:
+  """What a run does, read from the config once (`make_plan` is the ConfigDict's reader:
+  every check runs there, before anything is loaded)."""
+
+  config: ml_collections.ConfigDict  # the user's, batch size fitted to the workload
+  user_config: ml_collections.ConfigDict  # as given (written to config.json)
+  methods: list  # run_config.MethodName, validated
+  workload: list  # prompts_lib.Prompt
+  out_dir: pathlib.Path | None  # None outside process 0
+  done: list  # the finished records of an interrupted run (config.resume)
+  lead: bool  # process 0: prints and writes
+  verbose: bool
+  say: Callable
+
+  @property
+  def resume(self) -> bool:
+    return bool(self.config.get('resume', False))
+
+  @property
+  def quick(self) -> bool:
+    """One question: a short verdict in place of the table."""
+    return run_config.is_quick(self.config)
+
+  @property
+  def reporters(self) -> tuple[Callable, ...]:
+    """What the run shows and writes once decoding is done, in order."""
+    out = [write_results, check_strict]
+    if specbench.is_specbench(self.config.prompts) and not self.config.prompt:
+      out.append(show_leaderboard)
+    if not self.quick and (self.config.prompt or (self.verbose and len(self.workload) <= 4)):
+      out.append(show_texts)
+    out += [show_verdict] if self.quick else [show_table, check_dry_run]
+    return tuple(out)
+
+
+def make_plan(config: ml_collections.ConfigDict, workdir: str | None, verbose: bool) -> Plan:
   lead = jax.process_index() == 0  # with several processes, process 0 prints and writes
   say = print if verbose and lead else (lambda *a, **k: None)
   pairs.check_paths(config)  # a paper pair's config without its directories: what to pass
@@ -487,7 +536,30 @@ def main(
   done = resumed_records(out_dir, config, say) if lead and resume else []
   if lead and not resume:  # written first: a resumed run checks it ran the same config
     report.write_atomic(out_dir / 'config.json', config.to_json_best_effort(indent=2))
-  user_config, config = config, fitted
+  return Plan(fitted, config, methods, workload, out_dir, done, lead, verbose, say)
+
+
+@dataclasses.dataclass
+class Session:
+  """The loaded model, the prompts' token ids and one engine per draft ('': the target's)."""
+
+  model: loader.LoadedModel
+  encoded: list  # token ids per prompt of the workload
+  engines: dict[str, Engine]
+  trees_of: dict  # adaptive method name -> the static trees its draft can fill
+
+  @property
+  def target(self) -> Engine:
+    return self.engines['']
+
+  @property
+  def drafts(self) -> dict[str, str]:
+    """Draft spec -> the drafter's name."""
+    return {spec: e.drafter.name for spec, e in self.engines.items() if spec}
+
+
+def open_session(plan: Plan) -> Session:
+  config, say, methods = plan.config, plan.say, plan.methods
   start = time.perf_counter()
   model = loader.load_model(config.model, config.dtype)
   say(
@@ -495,7 +567,7 @@ def main(
     f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
   )
   encoded = []  # the prompts against the context, before any draft loads
-  for p in workload:
+  for p in plan.workload:
     try:
       encoded.append(model.tokenizer.encode_chat(p.text))
     except ValueError as e:
@@ -503,7 +575,7 @@ def main(
   spare = max((m.tree_spec.nodes for m in methods if m.tree), default=0)
   if any(m.adaptive for m in methods):
     spare = max([spare] + [s.size for s in run_config.adaptive_trees(config)])
-  check_cache_fits(config, workload, encoded, model.tokenizer, spare)
+  check_cache_fits(config, plan.workload, encoded, model.tokenizer, spare)
   engines = build_engines(config, model, methods)
   if engines[''].mesh is not None:
     say(describe_mesh(engines))
@@ -514,7 +586,7 @@ def main(
         engines[m.draft].method(verifier=config.verifier, sampling=sampling, tree=m.tree_spec)
       except ValueError as e:
         raise ValueError(f'method {m.name}: {e}') from None
-  trees_of = {}  # adaptive method -> the static trees its draft can fill
+  trees_of = {}
   for m in (m for m in methods if m.adaptive):
     trees_of[m.name] = adaptive_trees_of(config, engines[m.draft], methods, m.draft)
     if len(trees_of[m.name]) < len(run_config.adaptive_trees(config)):
@@ -524,104 +596,203 @@ def main(
           f'method {m.name}: the draft cannot fill static trees and config.adaptive_gammas '
           'is empty: nothing to choose from'
         )
-  drafts = {spec: e.drafter.name for spec, e in engines.items() if spec}
-  for spec, name in drafts.items():
+  session = Session(model, encoded, engines, trees_of)
+  for spec, name in session.drafts.items():
     untrained = '  (an untrained stand-in: expect low acceptance)' if 'untrained' in name else ''
     say(f'draft {spec}: {name}{untrained}')
-  cache_size = engines[''].prepare(encoded[: config.batch_size], config.max_new_tokens)[4]
-  quick = run_config.is_quick(config)  # one question: a short verdict
+  return session
+
+
+@dataclasses.dataclass
+class Decisions:
+  """The measured costs, each adaptive method's controller settings, the methods that run
+  (hopeless drafts' fixed settings skipped) and the controllers' saved states."""
+
+  costs: dict[str, Costs]
+  adaptive: dict[str, AdaptiveConfig]
+  methods: list
+  controls: ControlStates
+
+
+def decide(plan: Plan, session: Session) -> Decisions:
+  """Measures the costs (or reads them back when resuming) and decides what runs."""
+  config, say, engines, methods = plan.config, plan.say, session.engines, plan.methods
+  *_, cache_size = session.target.prepare(
+    session.encoded[: config.batch_size], config.max_new_tokens
+  )
   # Adaptive control needs its drafts' costs even where the run measures none.
   timed = {m.draft for m in methods if m.adaptive}
-  if config.measure_costs and not quick:
+  if config.measure_costs and not plan.quick:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
-  plan = load_plan(out_dir) if lead and resume else None
+  saved = load_plan(plan.out_dir) if plan.lead and plan.resume else None
   costs = {}
-  if plan is not None:  # the interrupted run's measurements: the same decisions again
-    costs = {spec: Costs.from_json(c) for spec, c in plan['costs'].items()}
-    say(f'resuming with the costs measured when the run started ({out_dir / PLAN})')
+  if saved is not None:  # the interrupted run's measurements: the same decisions again
+    costs = {spec: Costs.from_json(c) for spec, c in saved['costs'].items()}
+    say(f'resuming with the costs measured when the run started ({plan.out_dir / PLAN})')
   elif len(timed) > 1:
-    costs = measure_costs(config, timed, methods, cache_size, say, quick)
-  adaptive = {}
-  for m in (m for m in methods if m.adaptive):
-    adaptive[m.name] = AdaptiveConfig.from_costs(
+    costs = measure_costs(config, timed, methods, cache_size, say, plan.quick)
+  adaptive = {
+    m.name: AdaptiveConfig.from_costs(
       costs[m.draft],
       config.adaptive_gammas,
-      trees=trees_of[m.name],
+      trees=session.trees_of[m.name],
       catch_up_cost=catch_up_cost(engines[m.draft].drafter, costs[m.draft]),
     )
-  if plan is None:
+    for m in methods
+    if m.adaptive
+  }
+  if saved is None:
     methods = skip_hopeless(config, engines, methods, costs, say)
   else:
-    methods = [m for m in methods if m.name in plan['methods']]
+    methods = [m for m in methods if m.name in saved['methods']]
+  sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   controls = ControlStates(engines, adaptive, sampling, config.verifier)
-  if plan is not None:
-    controls.restore(out_dir)
-  elif lead:
+  if saved is not None:
+    controls.restore(plan.out_dir)
+  elif plan.lead:
     report.write_atomic(
-      out_dir / PLAN,
+      plan.out_dir / PLAN,
       json.dumps(
         {'methods': [m.name for m in methods], 'costs': {s: c.to_json() for s, c in costs.items()}},
         indent=1,
       ),
     )
+  return Decisions(costs, adaptive, methods, controls)
+
+
+@dataclasses.dataclass
+class Run:
+  """A decoded run: every method's records ({method: [record]}) and their summary
+  (results.json's content)."""
+
+  records: dict
+  summary: dict
+  methods: list
+  broken: str  # drafts whose probabilities were untrusted ('' if none)
+
+
+def decode_run(plan: Plan, session: Session, decisions: Decisions) -> Run:
+  """Decodes every method (records kept on disk batch by batch) and summarises them."""
+  config, out_dir, methods = plan.config, plan.out_dir, decisions.methods
 
   def keep(recs):
-    if lead:
+    if plan.lead:
       report.append_records(out_dir, recs)
-      controls.save(out_dir, {m.name: m.draft for m in methods if m.adaptive})
+      decisions.controls.save(out_dir, {m.name: m.draft for m in methods if m.adaptive})
 
   try:
     records, compile_seconds, inputs = decode_all(
-      config, engines, methods, workload, encoded, model.tokenizer, adaptive, say, keep, done
+      config,
+      session.engines,
+      methods,
+      plan.workload,
+      session.encoded,
+      session.model.tokenizer,
+      decisions.adaptive,
+      plan.say,
+      keep,
+      plan.done,
     )
   except BaseException as e:  # Ctrl-C, SIGTERM (as KeyboardInterrupt, see run.py), any error
-    if lead and (out_dir / report.PARTIAL).exists():
-      say(f'stopped: the prompts every method finished are in {out_dir / report.PARTIAL}')
+    if plan.lead and (out_dir / report.PARTIAL).exists():
+      plan.say(f'stopped: the prompts every method finished are in {out_dir / report.PARTIAL}')
     if isinstance(e, NonFiniteLogits):
       raise ValueError(f'model {config.model} in {config.dtype}: {e}') from None
     raise
-  broken = untrusted_drafts(records, say)
+  broken = untrusted_drafts(records, plan.say)
   plans = {m.name: (m.draft, m.gamma, m.adaptive, m.tree) for m in methods}
-  summaries, categories = metrics.summarize(records, compile_seconds, plans, costs)
+  summaries, categories = metrics.summarize(records, compile_seconds, plans, decisions.costs)
   if config.temperature == 0:
-    base, base_ids = records['autoregressive'], inputs['autoregressive']
-    for name, m in summaries.items():
-      # A later turn after a different answer (a greedy mismatch of an earlier turn) has
-      # another prompt: its mismatch is that one's, counted as a near-tie if that was one.
-      same = [k for k, ids in enumerate(inputs[name]) if list(ids) == list(base_ids[k])]
-      after = [k for k in range(len(base)) if list(inputs[name][k]) != list(base_ids[k])]
-      m.near_ties = sum(records[name][k]['tokens'] != base[k]['tokens'] for k in after)
-      m.near_ties += metrics.count_near_ties(
-        engines[''],
-        [base_ids[k] for k in same],
-        [records[name][k] for k in same],
-        [base[k] for k in same],
-      )
+    count_near_ties(session.target, summaries, records, inputs)
   summary = report.results(
-    config, model.source, drafts, summaries, categories, costs, len(workload), records
+    config,
+    session.model.source,
+    session.drafts,
+    summaries,
+    categories,
+    decisions.costs,
+    len(plan.workload),
+    records,
   )
-  if lead:
-    report.write_results(out_dir, user_config, records, summary)
-    (out_dir / CONTROLS).unlink(missing_ok=True)  # the run is whole: nothing to resume
-  if broken and config.get('strict', False):
-    raise ValueError(
-      f'{broken}: its probabilities are broken (config.strict=True; results in {out_dir})'
+  return Run(records, summary, methods, broken)
+
+
+def count_near_ties(target: Engine, summaries, records, inputs) -> None:
+  """Sets each method's near_ties: greedy mismatches with autoregressive decoding where the
+  target's top two logits were (nearly) tied, a float effect rather than a bug."""
+  base, base_ids = records['autoregressive'], inputs['autoregressive']
+  for name, m in summaries.items():
+    # A later turn after a different answer (a greedy mismatch of an earlier turn) has
+    # another prompt: its mismatch is that one's, counted as a near-tie if that was one.
+    same = [k for k, ids in enumerate(inputs[name]) if list(ids) == list(base_ids[k])]
+    after = [k for k in range(len(base)) if list(inputs[name][k]) != list(base_ids[k])]
+    m.near_ties = sum(records[name][k]['tokens'] != base[k]['tokens'] for k in after)
+    m.near_ties += metrics.count_near_ties(
+      target,
+      [base_ids[k] for k in same],
+      [records[name][k] for k in same],
+      [base[k] for k in same],
     )
-  if specbench.is_specbench(config.prompts) and not config.prompt:
-    board = leaderboard.markdown(records, summary, config)
-    if lead:
-      leaderboard.write(out_dir, records, summary, config)
-    say(board)
-  if not quick and (config.prompt or (verbose and len(workload) <= 4)):
-    report.show_texts(say, records, greedy=config.temperature == 0)
-  if quick:
-    for line in verdict.lines(summary, records, methods[1].name):
-      say(line)
-    say(f'results in {out_dir}')
-    return summary
-  say(report.format_table(summary))
-  say(report.format_best_gamma(summary))
-  say(f'results in {out_dir}  (advice: python -m specjax.advise {out_dir})')
-  pairs.check_dry_run(config, summary, say)  # dry runs: speculative greedy == target greedy
-  return summary
+
+
+# Reporters: what a finished run writes and shows (Plan.reporters picks them).
+
+
+def write_results(plan: Plan, run: Run) -> None:
+  if plan.lead:
+    report.write_results(plan.out_dir, plan.user_config, run.records, run.summary)
+    (plan.out_dir / CONTROLS).unlink(missing_ok=True)  # the run is whole: nothing to resume
+
+
+def check_strict(plan: Plan, run: Run) -> None:
+  if run.broken and plan.config.get('strict', False):
+    raise ValueError(
+      f'{run.broken}: its probabilities are broken (config.strict=True; results in {plan.out_dir})'
+    )
+
+
+def show_leaderboard(plan: Plan, run: Run) -> None:
+  board = leaderboard.markdown(run.records, run.summary, plan.config)
+  if plan.lead:
+    leaderboard.write(plan.out_dir, run.records, run.summary, plan.config)
+  plan.say(board)
+
+
+def show_texts(plan: Plan, run: Run) -> None:
+  report.show_texts(plan.say, run.records, greedy=plan.config.temperature == 0)
+
+
+def show_verdict(plan: Plan, run: Run) -> None:
+  for line in verdict.lines(run.summary, run.records, run.methods[1].name):
+    plan.say(line)
+  plan.say(f'results in {plan.out_dir}')
+
+
+def show_table(plan: Plan, run: Run) -> None:
+  plan.say(report.format_table(run.summary))
+  plan.say(report.format_best_gamma(run.summary))
+  plan.say(f'results in {plan.out_dir}  (advice: python -m specjax.advise {plan.out_dir})')
+
+
+def check_dry_run(plan: Plan, run: Run) -> None:
+  pairs.check_dry_run(plan.config, run.summary, plan.say)  # speculative greedy == target's
+
+
+def main(
+  config: ml_collections.ConfigDict, workdir: str | None = None, verbose: bool = True
+) -> dict:
+  """Loads the model, runs every method on the workload, writes results; returns them.
+
+  Methods run interleaved batch by batch (every method on a batch before the next
+  batch), so drift of a shared machine hits them alike. Each method's first batch of a
+  shape is preceded by an explicit warm-up that compiles; that time is reported as
+  compile_seconds and kept out of every timing. Returns results.json's content.
+  """
+  plan = make_plan(config, workdir, verbose)
+  session = open_session(plan)
+  decisions = decide(plan, session)
+  run = decode_run(plan, session, decisions)
+  for reporter in plan.reporters:
+    reporter(plan, run)
+  return run.summary

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
+from specjax.core import contract
 from specjax.models import llama
 
 
@@ -90,3 +92,17 @@ def successor_model(vocab_size: int = 64):
   params['layers'][0]['wo'] = jax.numpy.zeros_like(params['layers'][0]['wo'])
   params['layers'][0]['w_down'] = jax.numpy.zeros_like(params['layers'][0]['w_down'])
   return cfg, params
+
+
+def _load_tiny(spec: str, dtype):
+  del spec
+  tok = ByteTokenizer()
+  cfg, params = tiny_model(vocab_size=tok.vocab_size, max_seq_len=2048)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)
+  return cfg, params, tok, 'random tiny model (2 layers)'
+
+
+# The model spec 'tiny' (specjax/registry.py MODEL_SOURCES): a random 2-layer model over bytes.
+TINY_SOURCE = contract.ModelSource(
+  usage='tiny', matches=lambda spec: spec == 'tiny', load=_load_tiny
+)

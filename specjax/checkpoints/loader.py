@@ -1,9 +1,10 @@
 """Loads a model and its tokenizer from one spec string (drafts: specjax/registry.py).
 
 Specs: a pinned asset name ('smollm2-135m-instruct', 'gemma3-270m'), a path to a .gguf file, a
-Hugging Face style directory (config.json + *.safetensors + tokenizer.json),
-'tiny' (a random 2-layer model over bytes, for smoke tests), or 'dry:<name>' (a paper
-pair's model of specjax/pairs.py shrunk to a tiny random one over bytes, for dry runs).
+Hugging Face style directory (config.json + *.safetensors + tokenizer.json), or a spec of a
+source in specjax/registry.py MODEL_SOURCES: 'tiny' (a random 2-layer model over bytes, for
+smoke tests) or 'dry:<name>' (a paper pair's model of specjax/pairs.py shrunk to a tiny
+random one over bytes, for dry runs).
 
 Base models (BASE_MODELS: not instruction-tuned, such as Gemma 3 270M) get their prompts as
 plain text after BOS, without a chat template (`Tokenizer.use_chat_template` False).
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import assets, pairs, testing
+from specjax import assets, registry
 from specjax.checkpoints import gguf, hf
 from specjax.models.llama import LlamaConfig
 
@@ -42,10 +43,19 @@ def parse_dtype(name: str):
   return DTYPES[name]
 
 
+def stand_in(spec: str):
+  """The registered source (core.contract.ModelSource) whose spec `spec` is, or None."""
+  for name in registry.MODEL_SOURCES.names:
+    source = registry.MODEL_SOURCES.get(name)
+    if source.matches(spec):
+      return source
+  return None
+
+
 def check_model_spec(spec: str) -> None:
   """Raises ValueError unless `spec` names a model load_model can read (nothing is read;
   FileNotFoundError for a missing .gguf file)."""
-  if spec == 'tiny' or spec in MODEL_ASSETS or os.path.isdir(spec) or pairs.check_model_spec(spec):
+  if spec in MODEL_ASSETS or os.path.isdir(spec) or stand_in(spec) is not None:
     return
   if spec.endswith('.gguf'):
     if not os.path.isfile(spec):
@@ -53,7 +63,8 @@ def check_model_spec(spec: str) -> None:
     return
   raise ValueError(
     f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to '
-    f'a .gguf file, a Hugging Face style directory, "tiny", or dry:<a model of specjax/pairs.py>'
+    'a .gguf file, a Hugging Face style directory, or '
+    + ', '.join(registry.MODEL_SOURCES.get(n).usage for n in registry.MODEL_SOURCES.names)
   )
 
 
@@ -63,13 +74,9 @@ def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
 
   check_model_spec(spec)
   target_dtype = parse_dtype(dtype)
-  if spec.startswith(pairs.DRY):  # a paper pair's model shrunk to a tiny random one
-    cfg, params, tok, source = pairs.dry_model(spec, target_dtype)
-    return LoadedModel(cfg, params, tok, source)
-  if spec == 'tiny':
-    tok = testing.ByteTokenizer()
-    cfg, params = testing.tiny_model(vocab_size=tok.vocab_size, max_seq_len=2048)
-    return LoadedModel(cfg, _cast(params, target_dtype), tok, 'random tiny model (2 layers)')
+  source = stand_in(spec)
+  if source is not None:  # a test stand-in (registry.MODEL_SOURCES)
+    return LoadedModel(*source.load(spec, target_dtype))
   if spec in MODEL_ASSETS:
     path = assets.fetch(spec)
   elif os.path.isdir(spec):

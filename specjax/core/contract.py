@@ -193,3 +193,18 @@ class DraftKind:
   build: Callable[[Any, Any, str], tuple[Drafter, Any]]
   max_depth: int = 0
   group: Callable[[Any], int] = lambda settings: 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+  """A kind of model spec the loader reads besides its own (pinned assets, .gguf files,
+  Hugging Face directories): the test stand-ins, registered in specjax/registry.py
+  MODEL_SOURCES.
+
+  matches(spec) -> bool: whether `spec` is this source's (ValueError for a malformed one).
+  load(spec, dtype) -> (cfg, params, tokenizer, source description), params cast to dtype.
+  """
+
+  usage: str
+  matches: Callable[[str], bool]
+  load: Callable[[str, Any], tuple]
