@@ -81,9 +81,9 @@ def main(_):
   if FLAGS.curve_only:
     learning_curve(pathlib.Path(FLAGS.workdir), out)
     return
-  from configs import eagle_smollm2
+  from specjax import config_lib
 
-  config = eagle_smollm2.get_config()
+  config = config_lib.load_config('eagle_smollm2.py')
   target = loader.load_model(config.target)
   capture = eagle_model.default_capture(target.cfg.n_layers)
   train, held = feature_data.build(target, config.data, capture)

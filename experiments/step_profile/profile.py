@@ -59,8 +59,8 @@ def _ablated(params, tokens, cache, cfg, attention=True, head=True):
   new_k, new_v = list(cache.k), list(cache.v)
 
   def attend(i, q, k, v):
-    new_k[i] = llama._write(cache.k[i], k, positions)
-    new_v[i] = llama._write(cache.v[i], v, positions)
+    new_k[i] = llama.write_slots(cache.k[i], k, positions)
+    new_v[i] = llama.write_slots(cache.v[i], v, positions)
     return llama.attention(q, new_k[i], new_v[i], mask) if attention else q
 
   x = llama._decoder(params, tokens, positions, cfg, None, attend)
