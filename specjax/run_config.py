@@ -82,6 +82,35 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
   """Checks the whole run config; returns the methods it runs (see build_methods)."""
   c = config
   check_fields(c, FIELDS)
+  _check_sizes(c)
+  check_mesh(c)
+  _check_lists(c)
+  config_lib.check(
+    c.verifier in registry.VERIFIERS, 'verifier', c.verifier, f'one of {registry.VERIFIERS.names}'
+  )
+  if c.prompt and not c.prompt.strip():
+    raise ValueError('config.prompt is empty (only whitespace)')
+  _check_sampling(c)
+  loader.check_model_spec(c.model)
+  for spec in c.drafts:
+    config_lib.check(
+      isinstance(spec, str) and spec and '@' not in spec,
+      'drafts',
+      tuple(c.drafts),
+      'non-empty draft specs (without @)',
+    )
+  config_lib.check(isinstance(c.quick, bool), 'quick', c.quick, 'True or False')
+  if is_quick(c):
+    _check_quick_method(c)
+  methods = build_methods(c)
+  for spec in dict.fromkeys(m.draft for m in methods if m.draft):
+    registry.parse_draft(spec)
+  check_depths(c, methods)
+  return methods
+
+
+def _check_sizes(c) -> None:
+  """Counts, sizes and the dtype."""
   for field, low in (('num_prompts', 1), ('batch_size', 1), ('max_new_tokens', 1), ('seed', 0)):
     _check_int(c, field, low)
   _check_int(c, 'cache_size', 2)
@@ -92,7 +121,11 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
     f'fewer than config.cache_size = {c.cache_size} (a row holds its prompt and answer)',
   )
   config_lib.check(c.dtype in loader.DTYPES, 'dtype', c.dtype, f'one of {sorted(loader.DTYPES)}')
-  check_mesh(c)
+
+
+def _check_lists(c) -> None:
+  """Drafts, draft lengths and trees: no repeats, lengths that fit the cache, trees that
+  parse."""
   for field in ('drafts', 'gammas', 'adaptive_gammas', 'trees', 'adaptive_trees'):
     values = tuple(c.get(field, ()))
     twice = sorted({repr(v) for v in values if values.count(v) > 1})
@@ -119,11 +152,10 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
     except ValueError as e:
       raise ValueError(f'config.trees: {e}') from None
   adaptive_trees(c)
-  config_lib.check(
-    c.verifier in registry.VERIFIERS, 'verifier', c.verifier, f'one of {registry.VERIFIERS.names}'
-  )
-  if c.prompt and not c.prompt.strip():
-    raise ValueError('config.prompt is empty (only whitespace)')
+
+
+def _check_sampling(c) -> None:
+  """The sampling settings, and a verifier that is lossless under them."""
   try:
     sampling = SamplingConfig(c.temperature, c.top_k, c.top_p)
   except ValueError as e:
@@ -133,43 +165,33 @@ def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
       f'config.verifier = {c.verifier!r} is only lossless for greedy decoding, but '
       f'config.temperature = {c.temperature}: use rejection or block, or temperature 0'
     )
-  loader.check_model_spec(c.model)
-  for spec in c.drafts:
-    config_lib.check(
-      isinstance(spec, str) and spec and '@' not in spec,
-      'drafts',
-      tuple(c.drafts),
-      'non-empty draft specs (without @)',
+
+
+def _check_quick_method(c) -> None:
+  """A one-prompt run's method: speculative, adaptive only where the run has settings to
+  choose from, and drafting with one of config.drafts."""
+  try:
+    quick = parse_method(c.quick_method)
+  except ValueError as e:
+    raise ValueError(f'config.quick_method: {e}') from None
+  config_lib.check(
+    quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'ngram@2'"
+  )
+  if quick.adaptive and not has_adaptive(c):
+    raise ValueError(
+      f'config.quick_method = {c.quick_method!r} needs config.adaptive_gammas (or '
+      "adaptive_trees); or pick a fixed gamma such as 'ngram@2'"
     )
-  config_lib.check(isinstance(c.quick, bool), 'quick', c.quick, 'True or False')
-  if is_quick(c):
-    try:
-      quick = parse_method(c.quick_method)
-    except ValueError as e:
-      raise ValueError(f'config.quick_method: {e}') from None
-    config_lib.check(
-      quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'ngram@2'"
-    )
-    if quick.adaptive and not has_adaptive(c):
-      raise ValueError(
-        f'config.quick_method = {c.quick_method!r} needs config.adaptive_gammas (or '
-        "adaptive_trees); or pick a fixed gamma such as 'ngram@2'"
-      )
-    for spec in c.drafts:  # every draft asked for is a real one, even if this run skips it
-      registry.parse_draft(spec)
-    if quick.draft not in tuple(c.drafts):
-      setting = c.quick_method.partition('@')[2]
-      raise ValueError(
-        f'config.quick_method = {c.quick_method!r} drafts with {quick.draft}, which is not '
-        f'among config.drafts = {tuple(c.drafts)}: a one-prompt run compares one method; '
-        f'pass --config.quick_method={c.drafts[0] if c.drafts else "ngram"}@{setting} or '
-        '--config.quick=False (every draft)'
-      )
-  methods = build_methods(c)
-  for spec in dict.fromkeys(m.draft for m in methods if m.draft):
+  for spec in c.drafts:  # every draft asked for is a real one, even if this run skips it
     registry.parse_draft(spec)
-  check_depths(c, methods)
-  return methods
+  if quick.draft not in tuple(c.drafts):
+    setting = c.quick_method.partition('@')[2]
+    raise ValueError(
+      f'config.quick_method = {c.quick_method!r} drafts with {quick.draft}, which is not '
+      f'among config.drafts = {tuple(c.drafts)}: a one-prompt run compares one method; '
+      f'pass --config.quick_method={c.drafts[0] if c.drafts else "ngram"}@{setting} or '
+      '--config.quick=False (every draft)'
+    )
 
 
 def check_depths(config, methods) -> None:

@@ -1,4 +1,4 @@
-"""The paper pairs (configs/pairs/, specjax/pairs.py): real shapes, dry runs, missing paths."""
+"""The paper pairs (configs/pairs/, specjax/pairs/): real shapes, dry runs, missing paths."""
 
 import json
 import os

@@ -147,6 +147,18 @@ def test_no_private_name_crosses_a_module():
   assert not private, private
 
 
+def test_functions_fit_on_a_screen():
+  """No function in specjax is longer than 80 lines (docstring included): a longer one
+  is several steps that want names of their own."""
+  long = [
+    f'{p.relative_to(PACKAGE)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)'
+    for p in PACKAGE.rglob('*.py')
+    for n in ast.walk(ast.parse(p.read_text()))
+    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno - n.lineno >= 80
+  ]
+  assert not long, long
+
+
 def test_every_registry_entry_resolves():
   for table in (registry.FAMILIES, registry.DRAFTS, registry.VERIFIERS, registry.DIVERGENCES):
     for name in table.names:

@@ -17,7 +17,7 @@ directories, which `python -m specjax.pairs gemma3-text` writes (the text tensor
 copied, the vision tower left out).
 The 4B vocabulary has 262208 rows and the 270M's 262144: the draft's logits are padded.
 
-Arguments after the colon: `dry` (see specjax/pairs.py), `base` (gemma-3-270m ->
+Arguments after the colon: `dry` (see specjax/pairs/), `base` (gemma-3-270m ->
 gemma-3-4b-pt), `target=DIR,draft=DIR` (the same as --config.model and --config.drafts).
 """
 

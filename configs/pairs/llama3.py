@@ -12,7 +12,7 @@ original_max_position_embeddings 8192), read from each config.json.
   python -m specjax.run --config configs/pairs/llama3.py:dry --config.mesh.data=2 \
       --config.mesh.model=4  # no weights: real shapes per device, then a tiny random pair
 
-Arguments after the colon: `dry` (see specjax/pairs.py), `base` (Llama-3.2-1B -> Llama-3.1-8B),
+Arguments after the colon: `dry` (see specjax/pairs/), `base` (Llama-3.2-1B -> Llama-3.1-8B),
 `target=DIR,draft=DIR` (the same as --config.model and --config.drafts).
 """
 

@@ -8,7 +8,7 @@ HASS and the speculative-sampling baselines), on a GPU or TPU, in bfloat16.
   python -m specjax.run --config configs/pairs/qwen2_5.py:dry --config.mesh.data=2 \
       --config.mesh.model=4  # no weights: real shapes per device, then a tiny random pair
 
-Arguments after the colon: `dry` (see specjax/pairs.py), `base` (Qwen2.5-0.5B -> 7B, the
+Arguments after the colon: `dry` (see specjax/pairs/), `base` (Qwen2.5-0.5B -> 7B, the
 base models), `target=DIR,draft=DIR` (the same as --config.model and --config.drafts).
 The 7B model's vocabulary has 152064 rows and the 0.5B's 151936 (one tokenizer): the
 draft's logits are padded (specjax/drafters/model.py, PaddedVocabDrafter).

@@ -9,7 +9,7 @@ convert them once to safetensors and tokenizer.json (README, Paper pairs), then
   python -m specjax.run --config configs/pairs/vicuna.py:dry --config.mesh.data=2 \
       --config.mesh.model=4  # no weights: real shapes per device, then a tiny random pair
 
-Arguments after the colon: `dry` (see specjax/pairs.py), `target=DIR,draft=DIR` (the
+Arguments after the colon: `dry` (see specjax/pairs/), `target=DIR,draft=DIR` (the
 same as --config.model and --config.drafts); `base` changes nothing (no other variant).
 """
 

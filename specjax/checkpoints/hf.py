@@ -206,6 +206,41 @@ def _unsupported(config: dict[str, Any], file: pathlib.Path, checks) -> None:
       raise ValueError(f'{file}: {key}={config[key]!r} is not supported (need {ok!r})')
 
 
+def _gemma3_settings(config: dict, file: pathlib.Path, rope: dict, default_base: float, n_layers):
+  """(rope base, rope scaling, LlamaConfig switches) of a Gemma 3 text config: sandwich
+  norms, q/k norms, sliding-window layers by layer_types (or the every-6th pattern)."""
+  if 'full_attention' in rope:  # transformers 5: one dict per layer type
+    base, scaling = parse_rope(rope['full_attention'], default_base, file, 'rope_parameters')
+    local, _ = parse_rope(rope.get('sliding_attention'), 10000.0, file, 'rope_parameters')
+  else:
+    base, scaling = parse_rope(rope, default_base, file, 'rope_scaling')
+    local = float(config.get('rope_local_base_freq', 10000.0))
+  types = config.get('layer_types')
+  if types is None:
+    pattern = int(config.get('sliding_window_pattern', 6))
+    types = [
+      'full_attention' if (i + 1) % pattern == 0 else 'sliding_attention' for i in range(n_layers)
+    ]
+  names = {'full_attention': 'full', 'sliding_attention': 'sliding'}
+  unknown = sorted({str(t) for t in types} - set(names))
+  if unknown:
+    raise ValueError(
+      f'{file}: layer_types has {unknown}; specjax reads full_attention and '
+      'sliding_attention layers'
+    )
+  kwargs = dict(
+    qk_norm=True,
+    sandwich_norms=True,
+    norm_offset=1.0,
+    scale_embeddings=True,
+    query_scale=float(config.get('query_pre_attn_scalar', 256)) ** -0.5,
+    sliding_window=int(config.get('sliding_window') or 4096),
+    layer_types=tuple(names[t] for t in types),
+    rope_local_base=local,
+  )
+  return base, scaling, kwargs
+
+
 def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE) -> LlamaConfig:
   """A LlamaConfig from config.json contents; missing fields take transformers' defaults.
 
@@ -250,36 +285,7 @@ def config_from_hf(config: dict[str, Any], file: str | os.PathLike = CONFIG_FILE
     default_base = float(config.get('rope_theta', 10000.0))
     kwargs: dict[str, Any] = {}
     if gemma:
-      if 'full_attention' in rope:  # transformers 5: one dict per layer type
-        base, scaling = parse_rope(rope['full_attention'], default_base, file, 'rope_parameters')
-        local, _ = parse_rope(rope.get('sliding_attention'), 10000.0, file, 'rope_parameters')
-      else:
-        base, scaling = parse_rope(rope, default_base, file, 'rope_scaling')
-        local = float(config.get('rope_local_base_freq', 10000.0))
-      types = config.get('layer_types')
-      if types is None:
-        pattern = int(config.get('sliding_window_pattern', 6))
-        types = [
-          'full_attention' if (i + 1) % pattern == 0 else 'sliding_attention'
-          for i in range(n_layers)
-        ]
-      names = {'full_attention': 'full', 'sliding_attention': 'sliding'}
-      unknown = sorted({str(t) for t in types} - set(names))
-      if unknown:
-        raise ValueError(
-          f'{file}: layer_types has {unknown}; specjax reads full_attention and '
-          'sliding_attention layers'
-        )
-      kwargs = dict(
-        qk_norm=True,
-        sandwich_norms=True,
-        norm_offset=1.0,
-        scale_embeddings=True,
-        query_scale=float(config.get('query_pre_attn_scalar', 256)) ** -0.5,
-        sliding_window=int(config.get('sliding_window') or 4096),
-        layer_types=tuple(names[t] for t in types),
-        rope_local_base=local,
-      )
+      base, scaling, kwargs = _gemma3_settings(config, file, rope, default_base, n_layers)
     else:
       base, scaling = parse_rope(rope, default_base, file, 'rope_parameters')
       kwargs = dict(qkv_bias=arch == 'qwen2', qk_norm=arch == 'qwen3')

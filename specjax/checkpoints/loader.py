@@ -3,7 +3,7 @@
 Specs: a pinned asset name ('smollm2-135m-instruct', 'gemma3-270m'), a path to a .gguf file, a
 Hugging Face style directory (config.json + *.safetensors + tokenizer.json), or a spec of a
 source in specjax/registry.py MODEL_SOURCES: 'tiny' (a random 2-layer model over bytes, for
-smoke tests) or 'dry:<name>' (a paper pair's model of specjax/pairs.py shrunk to a tiny
+smoke tests) or 'dry:<name>' (a paper pair's model of specjax/pairs/ shrunk to a tiny
 random one over bytes, for dry runs).
 
 Base models (BASE_MODELS: not instruction-tuned, such as Gemma 3 270M) get their prompts as

@@ -428,14 +428,7 @@ class Engine:
       )
     )
     end = time.perf_counter()
-    if finite is not None and not finite.all():
-      dtype = jax.tree.leaves(self.params)[0].dtype
-      rows = np.flatnonzero(~finite).tolist()
-      raise NonFiniteLogits(
-        f'the target model ({self.cfg.n_layers} layers, parameters in {dtype}) gave '
-        f'non-finite logits at the end of the prompt of batch rows {rows}: its activations '
-        'overflow (or its weights hold NaN/inf) in this dtype; use float32 or bfloat16'
-      )
+    self._check_finite(finite)
     switches = 0
     if method.adaptive is not None:
       final = fetch(state.spec.control)
@@ -448,10 +441,28 @@ class Engine:
       prefill_seconds=mid - start,
       decode_seconds=end - mid,
       steps=int(steps),
-      accepted=[row[row >= 0].tolist() for row in accepted],
+      accepted=_rows(accepted),
       stops=[] if stops is None else [s[a >= 0].tolist() for s, a in zip(stops, accepted)],
-      drafted=[row[row >= 0].tolist() for row in drafted],
+      drafted=_rows(drafted),
       untrusted=[] if untrusted is None else untrusted.tolist(),
       gamma=method.gamma,
       switches=switches,
     )
+
+  def _check_finite(self, finite) -> None:
+    """Raises NonFiniteLogits unless every row's target logits at the prompt's end were
+    finite (`finite`: [B] bool, or None where not recorded)."""
+    if finite is None or finite.all():
+      return
+    dtype = jax.tree.leaves(self.params)[0].dtype
+    rows = np.flatnonzero(~finite).tolist()
+    raise NonFiniteLogits(
+      f'the target model ({self.cfg.n_layers} layers, parameters in {dtype}) gave '
+      f'non-finite logits at the end of the prompt of batch rows {rows}: its activations '
+      'overflow (or its weights hold NaN/inf) in this dtype; use float32 or bfloat16'
+    )
+
+
+def _rows(per_step) -> list[list[int]]:
+  """Per row, the recorded entries of a [B, steps] buffer (-1 marks steps not run)."""
+  return [row[row >= 0].tolist() for row in per_step]

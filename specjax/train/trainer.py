@@ -330,6 +330,31 @@ def check_resume(config, workdir: pathlib.Path) -> None:
   os.replace(tmp, saved)
 
 
+def _checkpoints(config, workdir: pathlib.Path, state: dict):
+  """(the run's orbax CheckpointManager, `state` or the latest checkpoint's restored)."""
+  options = ocp.CheckpointManagerOptions(
+    max_to_keep=config.keep_checkpoints,
+    save_interval_steps=config.checkpoint_every,
+    enable_async_checkpointing=False,
+  )
+  manager = ocp.CheckpointManager(workdir / 'checkpoints', options=options)
+  start = manager.latest_step()
+  if start is not None:
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
+    print(f'resumed from step {start}', flush=True)
+  return manager, state
+
+
+def _log_train(metrics_log, bar, metrics: dict, step: int, rate: float, tokens: int) -> None:
+  """Writes a training record (the step's metrics, tokens/s, tokens so far) and shows it."""
+  metrics = {k: float(v) for k, v in metrics.items()}
+  metrics_log.write(
+    {'kind': 'train', 'step': step, 'tokens_per_s': rate, 'tokens': tokens, **metrics}
+  )
+  bar.set_postfix(loss=f'{metrics["loss"]:.4f}', tok_s=f'{rate:.0f}')
+
+
 # Kinds of trainable draft (config.kind) -> config -> Task.
 TASKS = {'distilled': distill_task, 'eagle': eagle_head.task}
 
@@ -355,17 +380,7 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
     'params': task.init_params,
     'opt_state': task.optimizer.init(task.init_params),
   }
-  options = ocp.CheckpointManagerOptions(
-    max_to_keep=config.keep_checkpoints,
-    save_interval_steps=config.checkpoint_every,
-    enable_async_checkpointing=False,
-  )
-  manager = ocp.CheckpointManager(workdir / 'checkpoints', options=options)
-  start = manager.latest_step()
-  if start is not None:
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
-    print(f'resumed from step {start}', flush=True)
+  manager, state = _checkpoints(config, workdir, state)
   start = int(state['step'])
   metrics_log = MetricsLog(workdir / 'metrics.jsonl', start)
   key = jax.random.key(config.seed)
@@ -386,18 +401,8 @@ def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict
       tokens_seen += batch['tokens'].size
       done = step + 1
       if done % config.log_every == 0 or done == config.num_steps:
-        metrics = {k: float(v) for k, v in metrics.items()}
         rate = tokens_seen / (time.perf_counter() - t0)
-        metrics_log.write(
-          {
-            'kind': 'train',
-            'step': done,
-            'tokens_per_s': rate,
-            'tokens': done * int(batch['tokens'].size),
-            **metrics,
-          }
-        )
-        bar.set_postfix(loss=f'{metrics["loss"]:.4f}', tok_s=f'{rate:.0f}')
+        _log_train(metrics_log, bar, metrics, done, rate, done * int(batch['tokens'].size))
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         ev = task.evaluate(state['params'])
         metrics_log.write({'kind': 'eval', 'step': done, **ev})
