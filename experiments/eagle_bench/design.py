@@ -87,7 +87,7 @@ def main(_):
   target = loader.load_model(config.target)
   capture = eagle_model.default_capture(target.cfg.n_layers)
   train, held = feature_data.build(target, config.data, capture)
-  full_w = eagle_head._full_w(target)
+  full_w = eagle_head.full_w_of(target)
   top = eagle_head.target_argmax({'full_w': full_w}, held, 8)
   mask = held.mask[held.rows][:, 1:]
   sizes = [int(s) for s in FLAGS.sizes.split(',')]

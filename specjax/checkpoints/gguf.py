@@ -36,7 +36,6 @@ import tqdm
 from specjax.formats.gguf_file import (  # noqa: F401
   GGUFFile,
   TensorInfo,
-  corrupt,
   open_reader,
   read_metadata,
 )

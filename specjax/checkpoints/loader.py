@@ -62,9 +62,9 @@ def check_model_spec(spec: str) -> None:
       raise FileNotFoundError(f'GGUF file not found: {spec}')
     return
   raise ValueError(
-    f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to '
-    'a .gguf file, a Hugging Face style directory, or '
-    + ', '.join(registry.MODEL_SOURCES.get(n).usage for n in registry.MODEL_SOURCES.names)
+    f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to a .gguf '
+    'file, a Hugging Face style directory, or a stand-in: '
+    + ' or '.join(repr(registry.MODEL_SOURCES.get(n).usage) for n in registry.MODEL_SOURCES.names)
   )
 
 

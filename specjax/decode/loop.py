@@ -143,7 +143,8 @@ def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
   """What a compiled loop decodes with: the target's config, the method, the sampling and
-  the EOS id (static, so hashable). Every round and schedule reads its settings here."""
+  the EOS id (the jitted loop's static arguments). Every round and schedule reads its
+  settings here."""
 
   cfg: object
   method: Method
@@ -209,7 +210,8 @@ def target_forward(params, tokens, cache, cfg, method: Method):
 
 def _split(state: DecodeState):
   """(state with its key advanced, the draft's key, the verifier's key): every round
-  splits the state's key once, here."""
+  splits the state's key once, here. Drafters are handed the state as it was before the
+  split (they draw from the key they are given, never from state.key)."""
   key, sub = jax.random.split(state.key)
   k_draft, k_verify = jax.random.split(sub)
   return state.replace(key=key), k_draft, k_verify
@@ -344,10 +346,10 @@ def _verified(params, state, proposal, key, spec: LoopSpec, counted=True) -> Dec
 
 def _every_iteration(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   """One round of the method: a plain step (gamma 0), or draft and verify."""
-  state, k_draft, k_verify = _split(state)
+  after, k_draft, k_verify = _split(state)
   if spec.method.gamma == 0:
-    return _plain(params, state, k_verify, state.spec.draft, spec)
-  return _verified(params, state, _propose(params, state, k_draft, spec), k_verify, spec)
+    return _plain(params, after, k_verify, state.spec.draft, spec)
+  return _verified(params, after, _propose(params, state, k_draft, spec), k_verify, spec)
 
 
 def _until_proposal(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
@@ -358,8 +360,8 @@ def _until_proposal(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   drafter = spec.method.drafter
 
   def propose(s):
-    s, k_draft, k_verify = _split(s)
-    return s, (_propose(params, s, k_draft, spec), k_verify)
+    after, k_draft, k_verify = _split(s)
+    return after, (_propose(params, s, k_draft, spec), k_verify)
 
   def empty(carry):
     s, ((_, _, draft_state), _) = carry
@@ -439,9 +441,8 @@ def step(
   copy the target cache; `decode` avoids that)."""
   spec = LoopSpec(cfg, method, sampling, eos_id)
   if method.adaptive is not None:
-    return jax.lax.switch(
-      adaptive_lib.choose(method.adaptive, state.spec.control), _arms(spec), params, state
-    )
+    arms = [functools.partial(arm, params) for arm in _arms(spec)]
+    return jax.lax.switch(adaptive_lib.choose(method.adaptive, state.spec.control), arms, state)
   return _fixed(spec)(params, state)
 
 

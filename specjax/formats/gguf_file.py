@@ -60,7 +60,7 @@ _PLAIN_TYPES = {
 }
 
 
-def corrupt(path: pathlib.Path, problem: str) -> ValueError:
+def _corrupt(path: pathlib.Path, problem: str) -> ValueError:
   return ValueError(
     f'{path} is not a readable GGUF file (truncated or corrupt: {problem}); '
     'delete it and fetch it again'
@@ -87,18 +87,18 @@ def open_reader(path: str | os.PathLike) -> GGUFFile:
   tensors, names = [], set()
   for name, dims, raw_type, offset in infos:
     if name in names:
-      raise corrupt(path, f'tensor {name!r} is listed twice')
+      raise _corrupt(path, f'tensor {name!r} is listed twice')
     names.add(name)
     try:
       qtype = gguf.GGMLQuantizationType(raw_type)
       block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     except (ValueError, KeyError) as e:
-      raise corrupt(path, f'tensor {name!r} has unknown type {raw_type}') from e
+      raise _corrupt(path, f'tensor {name!r} has unknown type {raw_type}') from e
     np_dims = tuple(reversed(dims))
     n_bytes = int(np.prod(dims, dtype=np.int64)) * type_size // block
     start = data_start + offset
     if start + n_bytes > size:
-      raise corrupt(
+      raise _corrupt(
         path, f'tensor {name!r} needs bytes up to {start + n_bytes}, the file has {size}'
       )
     raw = memory[start : start + n_bytes]
@@ -150,7 +150,7 @@ def _read_header(path: pathlib.Path, prefix: str, tensors: bool):
     try:
       magic, version = bytes(reader.take(4)), reader.unpack('<I')
       if magic != b'GGUF' or version not in (2, 3):
-        raise corrupt(path, f'no GGUF header of version 2 or 3 (starts with {magic!r})')
+        raise _corrupt(path, f'no GGUF header of version 2 or 3 (starts with {magic!r})')
       n_tensors, n_kv = reader.unpack('<Q'), reader.unpack('<Q')
       fields, alignment = {}, gguf.GGUF_DEFAULT_ALIGNMENT
       for _ in range(n_kv):
@@ -167,13 +167,13 @@ def _read_header(path: pathlib.Path, prefix: str, tensors: bool):
         name = reader.string()
         n_dims = reader.unpack('<I')
         if n_dims > _MAX_DIMS:
-          raise corrupt(path, f'tensor {name!r} has {n_dims} dims')
+          raise _corrupt(path, f'tensor {name!r} has {n_dims} dims')
         dims = [reader.unpack('<Q') for _ in range(n_dims)]
         infos.append((name, dims, reader.unpack('<I'), reader.unpack('<Q')))
     except UnicodeDecodeError as e:
-      raise corrupt(path, f'a name or string is not UTF-8 ({e})') from e
+      raise _corrupt(path, f'a name or string is not UTF-8 ({e})') from e
     if alignment <= 0 or alignment & (alignment - 1):
-      raise corrupt(path, f'general.alignment {alignment} is not a power of two')
+      raise _corrupt(path, f'general.alignment {alignment} is not a power of two')
     return fields, infos, -(-reader.offset // alignment) * alignment
 
 
@@ -191,7 +191,7 @@ class _KVReader:
 
   def take(self, n: int) -> memoryview:
     if self.offset + n > self.size:
-      raise corrupt(self.path, f'the header ends early: {n} bytes wanted at byte {self.offset}')
+      raise _corrupt(self.path, f'the header ends early: {n} bytes wanted at byte {self.offset}')
     if self.pos + n > len(self.buf):
       self.start += self.pos
       self.buf = self.buf[self.pos :] + self.f.read(max(n, 1 << 22))
@@ -212,7 +212,7 @@ class _KVReader:
     if kind == _STRING:
       return self.string()
     if kind != _ARRAY:
-      raise corrupt(self.path, f'unknown metadata value type {kind}')
+      raise _corrupt(self.path, f'unknown metadata value type {kind}')
     item, count = self.unpack('<I'), self.unpack('<Q')
     if item in _SCALARS:
       data = self.take(struct.calcsize(_SCALARS[item]) * count)

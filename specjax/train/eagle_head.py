@@ -226,7 +226,7 @@ def vocabulary(target, data: feature_data.FeatureSet, size: int) -> np.ndarray:
   return np.sort(np.argsort(-counts, kind='stable')[:size]).astype(np.int32)
 
 
-def _full_w(target):
+def full_w_of(target):
   p = target.params
   return jnp.asarray(p['embed']).T if target.cfg.tie_embeddings else jnp.asarray(p['lm_head'])
 
@@ -268,7 +268,7 @@ def setup(config, progress=print) -> HeadSetup:
     params = eagle_model.init_params(
       cfg, jax.random.key(config.seed), vocab_ids, target.params, config.head.init_layer
     )
-  full_w = _full_w(target)
+  full_w = full_w_of(target)
   frozen = {
     'embed': jnp.asarray(target.params['embed']),
     'vocab_ids': jnp.asarray(params.pop('vocab_ids')),
