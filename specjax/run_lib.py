@@ -257,6 +257,7 @@ def decode_all(
   inputs = {m.name: [] for m in methods}
   compile_seconds = {m.name: 0.0 for m in methods}
   calls = 0  # one per (batch, turn): the records' 'batch', whose decode time they share
+  sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   for i in range(0, len(workload), config.batch_size):
     batch = list(range(i, min(i + config.batch_size, len(workload))))
     chats = {m.name: {j: [] for j in batch} for m in methods}  # each method's conversations
@@ -274,7 +275,7 @@ def decode_all(
           out = engines[m.draft].generate(
             ids,
             config.max_new_tokens,
-            SamplingConfig(config.temperature, config.top_k, config.top_p),
+            sampling,
             seed=config.seed + i + (turn - 1) * len(workload),
             gamma=m.gamma,
             verifier=config.verifier,
@@ -546,6 +547,7 @@ class Session:
   model: loader.LoadedModel
   encoded: list  # token ids per prompt of the workload
   engines: dict[str, Engine]
+  sampling: SamplingConfig
   trees_of: dict  # adaptive method name -> the static trees its draft can fill
 
   @property
@@ -596,7 +598,7 @@ def open_session(plan: Plan) -> Session:
           f'method {m.name}: the draft cannot fill static trees and config.adaptive_gammas '
           'is empty: nothing to choose from'
         )
-  session = Session(model, encoded, engines, trees_of)
+  session = Session(model, encoded, engines, sampling, trees_of)
   for spec, name in session.drafts.items():
     untrained = '  (an untrained stand-in: expect low acceptance)' if 'untrained' in name else ''
     say(f'draft {spec}: {name}{untrained}')
@@ -646,8 +648,7 @@ def decide(plan: Plan, session: Session) -> Decisions:
     methods = skip_hopeless(config, engines, methods, costs, say)
   else:
     methods = [m for m in methods if m.name in saved['methods']]
-  sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
-  controls = ControlStates(engines, adaptive, sampling, config.verifier)
+  controls = ControlStates(engines, adaptive, session.sampling, config.verifier)
   if saved is not None:
     controls.restore(plan.out_dir)
   elif plan.lead:
