@@ -33,6 +33,7 @@ from specjax.core.tree import TreeSpec
 from specjax.data import prompts as prompts_lib
 from specjax.data import specbench
 from specjax.decode.engine import Engine, NonFiniteLogits
+from specjax.drafters import ModelDrafter
 from specjax.models import sharding as sharding_lib
 
 COST_GAMMAS = (1, 2, 4)  # always measured (with every gamma a method uses) for the cost model
@@ -160,6 +161,7 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
     return {}
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   base = engines['']
+  tune_kernels(engines, drafts, config.batch_size, cache_size, say, 3 if quick else 5)
   step, costs = costs_lib.measure_drafts(
     base.params, base.cfg, drafts, config.batch_size, cache_size, sampling, 3 if quick else 5
   )
@@ -177,6 +179,37 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
     )
     say(f'  {spec}: c = {c.c:.3f}; draft/step {units}')
   return costs
+
+
+def tune_kernels(engines, drafts, batch: int, cache_size: int, say, repeats: int) -> None:
+  """Chooses the CPU kernel path of every forward the run decodes with, by timing whole
+  forwards (bench/costs.tune_forwards; nothing where no choice exists): the target's step
+  and each verification, and each model draft's one- and two-row steps. Runs before
+  anything is compiled for decoding, so the decoding loops and the measured costs use the
+  choices."""
+  start = time.perf_counter()
+  base = engines['']
+  verify = {1} | {g + 1 for _, _, gammas, *rest in drafts.values() for g in gammas}
+  verify |= {t.size + 1 for *_, trees in drafts.values() for t in trees}
+  found = {
+    'target': costs_lib.tune_forwards(
+      base.params, base.cfg, batch, verify, cache_size, repeats=repeats
+    )
+  }
+  for spec, (drafter, params, *_) in drafts.items():
+    if isinstance(drafter, ModelDrafter) and params is not None:
+      found[spec] = costs_lib.tune_forwards(
+        params, drafter.cfg, batch, (1, 2), cache_size, drafter.layers, repeats
+      )
+  found = {name: rows for name, rows in found.items() if rows}
+  if found:
+    say(
+      f'kernel paths by forward ({time.perf_counter() - start:.0f} s): '
+      + '; '.join(
+        f'{name} ' + ', '.join(f'{rows} rows {r["use"]}' for rows, r in by_rows.items())
+        for name, by_rows in found.items()
+      )
+    )
 
 
 def catch_up_cost(drafter, costs) -> float:

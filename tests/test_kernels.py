@@ -145,6 +145,64 @@ def test_dispatch_times_real_calls_while_a_forward_is_traced(fresh, monkeypatch)
   assert staged == [False]
 
 
+def _product_calls(fn, *args) -> int:
+  """How many kernel (FFI) calls the traced `fn` makes."""
+  return str(jax.make_jaxpr(fn)(*args)).count('ffi_call')
+
+
+def test_a_forward_takes_the_policy_its_whole_forward_ran_fastest_with(fresh, monkeypatch):
+  from specjax.bench import costs  # noqa: PLC0415
+
+  policies = cpu.policies()
+  if len(policies) < 3:
+    pytest.skip('no vector path on this CPU: nothing to choose')
+  assert policies[0] == 'auto' and policies[-1] == 'xla' and 'scalar' not in policies
+  # Products large enough for a kernel (d_model * ffn_dim >= MIN_WEIGHTS).
+  cfg, params = testing.tiny_model(seed=2, n_layers=1, d_model=256, ffn_dim=512, n_heads=4,
+                                   head_dim=64, vocab_size=300)  # fmt: skip
+  monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: (1e-4, 2e-4))  # 'auto'
+  fake = {'t': {}}
+
+  def fastest(pieces, repeats=5):  # whole forwards: the last ISA wins at 1 row, XLA at 2
+    fake['t'] = {k: (1.0 if k[1] == (policies[-2] if k[0] == 1 else 'xla') else 2.0)
+                 for k in pieces}  # fmt: skip
+    return fake['t']
+
+  monkeypatch.setattr(costs, 'fastest', fastest)
+  out = costs.tune_forwards(params, cfg, 1, (1, 2), cache_size=32)
+  assert {r: out[r]['use'] for r in out} == {1: policies[-2], 2: 'xla'}
+  assert set(fake['t']) == {(r, p) for r in (1, 2) for p in policies}  # every policy timed
+  assert out[1]['products'] and all('rows<=1' in k for k in out[1]['products'])
+  # The forwards traced from now on take the chosen paths, product by product.
+  forward = lambda p, t: llama.forward(p, t, llama.init_cache(cfg, 1, 32), cfg)[0]
+  assert _product_calls(forward, params, jnp.ones((1, 1), jnp.int32)) >= len(out[1]['products'])
+  assert _product_calls(forward, params, jnp.ones((1, 2), jnp.int32)) == 0
+  for key in out[1]['products']:
+    kind, shape, rows = key.split()
+    n, k = map(int, shape.split('x'))
+    assert cpu.path(kind, n, k, 1) == policies[-2]
+  assert cpu.describe()['forwards'] and all(
+    cpu.decisions()[k]['use'] == policies[-2] for k in out[1]['products']
+  )
+  # Recorded beside the libraries: a new process reuses the choice untimed.
+  assert len(list(fresh.glob('forwards-*.json'))) == 1
+  monkeypatch.setattr(cpu, '_state', {'libs': cpu._state['libs']})
+  monkeypatch.setattr(costs, 'fastest', lambda *a, **k: pytest.fail('re-timed a tuned forward'))
+  again = costs.tune_forwards(params, cfg, 1, (1, 2), cache_size=32)
+  assert {r: again[r]['use'] for r in again} == {1: policies[-2], 2: 'xla'}
+  assert cpu.path(kind, n, k, 1) == policies[-2]
+  # Another model (other shapes or dtypes) is its own key; a tiny one has nothing to tune.
+  assert costs.model_key(params) != costs.model_key(jax.tree.map(lambda x: x[..., :-1], params))
+  small_cfg, small = testing.tiny_model(seed=2, n_layers=1)
+  assert costs.tune_forwards(small, small_cfg, 1, (1,), cache_size=32) == {}
+  with pytest.raises(ValueError, match='kernel policy'):
+    with cpu.forcing('avx9'):
+      pass
+  # A forced path (or kernels off) has nothing to choose among.
+  monkeypatch.setenv('SPECJAX_CPU_ISA', policies[1])
+  assert cpu.policies() == ()
+
+
 def test_the_real_timer_times_both(fresh):
   if cpu.supported()[0] == 'scalar':
     pytest.skip('no vector path on this CPU')

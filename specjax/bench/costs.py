@@ -13,6 +13,7 @@ timed in rounds (every piece once per round), so a burst of other work hits them
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 
@@ -24,6 +25,7 @@ from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
 from specjax.decode import loop
 from specjax.decode import prefill as prefill_lib
+from specjax.kernels import cpu as cpu_kernels
 
 
 def _timer(fn, args, inner: int):
@@ -132,6 +134,54 @@ def fastest(pieces: Mapping, repeats: int = 5) -> dict:
     for k, run in pieces.items():
       best[k] = min(best[k], run())
   return best
+
+
+def model_key(params) -> str:
+  """A short key of a parameter tree's structure, shapes and dtypes (block formats
+  included): the model whose forwards a kernel choice was measured on."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  text = str(treedef) + ';'.join(f'{x.shape}{x.dtype}' for x in leaves)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def tune_forwards(
+  params,
+  cfg,
+  batch: int,
+  tokens: Sequence[int],
+  cache_size: int,
+  layers=None,
+  repeats: int = 5,
+) -> dict:
+  """Times this model's forward of each `tokens` count under every kernel policy this CPU
+  allows (kernels.cpu.policies: per-product dispatch, each ISA's kernels throughout, XLA
+  throughout), in interleaved rounds, and keeps the fastest per row bucket for every
+  product of that forward (kernels.cpu.tune). Choices already recorded on this machine are
+  reused untimed. Returns {rows bucket: {'ms': {policy: ms}, 'use': policy, ...}}."""
+  policies = cpu_kernels.policies()
+  if len(policies) < 2:
+    return {}
+  model = model_key(params) + ('' if layers is None else f'-layers{len(layers)}')
+  wanted = {cpu_kernels.bucket(batch * t): t for t in sorted(set(tokens))}  # largest t
+  out, pieces, products = {}, {}, {}
+  for rows, t in wanted.items():
+    if rows > cpu_kernels.MAX_ROWS:
+      continue
+    record = cpu_kernels.tuned(model, rows)
+    if record is not None:
+      out[rows] = record
+      continue
+    for policy in policies:  # 'auto' first: a forward with no product a kernel takes
+      with cpu_kernels.forcing(policy) as keys:  # traced (and compiled) under the policy
+        pieces[rows, policy] = timer_forward(params, cfg, batch, t, cache_size, layers)
+      if not keys:  # (a tiny model) has nothing to choose
+        del pieces[rows, policy]
+        break
+      products.setdefault(rows, set()).update(keys)
+  best = fastest(pieces, repeats) if pieces else {}
+  for rows, keys in products.items():
+    out[rows] = cpu_kernels.tune(model, rows, {p: best[rows, p] for p in policies}, keys)
+  return dict(sorted(out.items()))
 
 
 def measure_drafts(

@@ -43,6 +43,8 @@ block as llama.cpp does.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import ctypes
 import functools
 import hashlib
@@ -389,6 +391,107 @@ def measure(kind: str, n: int, k: int, rows: int, isa: str) -> dict:
   return {'kernel_us': round(t_kernel / copies * 1e6, 1), 'xla_us': round(t_xla / copies * 1e6, 1)}
 
 
+def bucket(rows: int) -> int:
+  """The row-count bucket a product of `rows` rows is decided in (its largest count)."""
+  return next((b for b in BUCKETS if b >= rows), rows)
+
+
+# ---- forward-level choice ---------------------------------------------------------------
+# Products timed one by one do not add up to a forward: on a 2-core Zen 4 EPYC, the
+# AVX-512 block kernels won most q4_1 products alone, yet the quantized draft's whole
+# forward ran 8-15% slower on them than on the AVX2 kernels, and the target's step ran 10%
+# faster with every product on a kernel than with the per-product choice (the hand-overs
+# between XLA's thread pool and the kernels' spinning one are paid only in a forward). So
+# a run also times each model's whole forward, per row bucket, under every policy this CPU
+# allows (`policies()`), and every product of the winner's forward takes its path
+# (`bench/costs.tune_forwards` times them; `tune` records the choice).
+
+_forcing: contextvars.ContextVar = contextvars.ContextVar('specjax_cpu_forcing', default=None)
+FORWARDS_VERSION = 1
+
+
+def policies() -> tuple[str, ...]:
+  """The whole-forward policies measured dispatch chooses among here: 'auto' (each product
+  on its own measured path), every vector ISA the request allows (each product large
+  enough for a kernel on that ISA's kernel) and 'xla'; () where nothing is measured (a
+  forced path, kernels off or unavailable)."""
+  want = requested()
+  if not want.startswith('auto') or jax.default_backend() != 'cpu' or best_isa() is None:
+    return ()
+  runs, cap = supported(), want.removeprefix('auto:')
+  start = runs.index(cap) if cap != 'auto' else 0
+  isas = [isa for isa in runs[start:] if isa != 'scalar' and library(isa) is not None]
+  return ('auto', *isas, 'xla')
+
+
+@contextlib.contextmanager
+def forcing(policy: str):
+  """Products traced inside take `policy`'s path (one of `policies()`); yields the set of
+  product keys they add, so a tuned choice can be applied to exactly those products."""
+  if policy not in CHOICES + ('auto',):
+    raise ValueError(f'kernel policy {policy!r} is not auto, xla or one of {ISAS}')
+  seen: set = set()
+  token = _forcing.set((policy, seen))
+  try:
+    yield seen
+  finally:
+    _forcing.reset(token)
+
+
+def _forwards_path() -> pathlib.Path:
+  libs = '-'.join(f'{isa}{library_key(isa)[:8]}' for isa in policies() if isa in ISAS)
+  optimised = '' if not jax.config.read('jax_disable_most_optimizations') else '-unoptimised'
+  return _cache_dir() / f'forwards-v{FORWARDS_VERSION}-{requested()}-{libs}{optimised}.json'
+
+
+def _forwards() -> dict:
+  table = _state.setdefault('forwards', {})
+  path = _forwards_path()
+  if path not in table:
+    try:
+      table[path] = json.loads(path.read_text())
+    except (OSError, ValueError):
+      table[path] = {}
+  return table[path]
+
+
+def tuned(model: str, rows: int) -> dict | None:
+  """The recorded forward-level choice for `model` (a key of its weights' shapes) at this
+  row bucket on this machine, applied to its products; None if never measured."""
+  with _lock:
+    record = _forwards().get(model, {}).get(str(bucket(rows)))
+    if record is not None:
+      _apply(model, rows, record)
+    return record
+
+
+def tune(model: str, rows: int, ms: dict[str, float], products) -> dict:
+  """Records that `model`'s forward at this row bucket ran `ms` {policy: ms} and applies
+  the fastest policy to its `products` (the keys `forcing` collected)."""
+  use = min(ms, key=ms.get)
+  record = {'ms': {p: round(t, 3) for p, t in ms.items()}, 'use': use, 'products': sorted(products)}
+  with _lock:
+    _forwards().setdefault(model, {})[str(bucket(rows))] = record
+    _apply(model, rows, record)
+    path = _forwards_path()
+    tmp = path.with_suffix(f'.{os.getpid()}.tmp')
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      tmp.write_text(json.dumps(_forwards(), indent=1, sort_keys=True))
+      os.replace(tmp, path)
+    except OSError:  # a read-only cache: the choice holds for this process
+      pass
+  return record
+
+
+def _apply(model: str, rows: int, record: dict) -> None:
+  applied = _state.setdefault('applied', {})
+  applied[f'{model} rows<={bucket(rows)}'] = {'use': record['use'], 'ms': record['ms']}
+  chosen = _state.setdefault('chosen', {})
+  for key in record['products']:
+    chosen[key] = record['use']
+
+
 def path(kind: str, n: int, k: int, rows: int) -> str | None:
   """The instruction set whose kernel runs this product, or None for XLA's (trace time)."""
   if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
@@ -402,19 +505,27 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
     isa = best_isa()
     if isa is None or not auto:
       return isa
+    key = f'{kind} {n}x{k} rows<={bucket(rows)}'
+    forced = _forcing.get()
+    policy = _state.get('chosen', {}).get(key, 'auto') if forced is None else forced[0]
+    if forced is not None:
+      forced[1].add(key)
+    if policy != 'auto':
+      if forced is None:
+        _state.setdefault('used', {})[key] = policy
+      return None if policy == 'xla' else policy
     table = _decisions(isa)
-    bucket = next(b for b in BUCKETS if b >= rows)
-    key = f'{kind} {n}x{k} rows<={bucket}'
     if key not in table:
       # In a thread of its own: this runs while a forward is traced, and in the tracing
       # thread every array operation, timed calls included, would be staged into it.
       with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        record = pool.submit(measure, kind, n, k, bucket, isa).result()
+        record = pool.submit(measure, kind, n, k, bucket(rows), isa).result()
       record['use'] = isa if record['kernel_us'] < MARGIN * record['xla_us'] else 'xla'
       table[key] = record
       _save(isa)
     use = table[key]['use']
-    _state.setdefault('used', {})[key] = use
+    if forced is None:
+      _state.setdefault('used', {})[key] = use
     return None if use == 'xla' else use
 
 
@@ -423,8 +534,8 @@ def decisions() -> dict:
   out = {}
   for table in _state.get('decisions', {}).values():
     out.update(table)
-  used = _state.get('used', {})
-  return {key: out.get(key, {'use': use}) for key, use in sorted(used.items())}
+  used = _state.get('used', {})  # a forward-level choice overrides the product's own
+  return {key: {**out.get(key, {}), 'use': use} for key, use in sorted(used.items())}
 
 
 def describe() -> dict:
@@ -442,6 +553,7 @@ def describe() -> dict:
     'kernel_libraries': loaded,
     'kernel_status': status(),
     'products': decisions(),
+    'forwards': dict(sorted(_state.get('applied', {}).items())),
   }
 
 
