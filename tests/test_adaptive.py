@@ -105,6 +105,39 @@ def test_turning_on_pays_the_catch_up():
     assert np.all(gammas == 0)
 
 
+def _replay(config, start, misses=2, iterations=16):
+  """The settings a controller chooses when it runs `start` [(gamma, kept)] first, then its
+  own choices: a miss at depth 2 for `misses` more iterations, every drafted token kept
+  after."""
+  ctrl, ran = adaptive.init(config), []
+  for i in range(iterations):
+    arm = int(adaptive.choose(config, ctrl))
+    gamma = config.choices[arm]
+    ran.append(gamma)
+    if i < len(start):
+      gamma, kept = start[i]
+      arm = config.choices.index(gamma)
+    else:
+      kept = min(gamma, 1) if i < len(start) + misses else gamma
+    ctrl = adaptive.update(config, ctrl, arm, np.array([kept]), np.array([gamma]))
+  return ran
+
+
+def test_stale_misses_at_one_depth_do_not_pin_a_short_chain():
+  # The quantized draft's costs on HumanEval (issue 27) and that run's first iterations
+  # after its probe: two misses at depth 2 in a row; at gamma 1 depth 2 is never tried
+  # again, so only the rank's pooled rate can lift its estimate.
+  config = adaptive.AdaptiveConfig(
+    gammas=(1, 2, 4), draft_cost=(0.449, 0.773, 1.335), verify_cost=(1.119, 1.173, 1.505)
+  )
+  start = [(0, 0)] * 16 + [(1, 1), (4, 4), (4, 1), (2, 1)]
+  ran = _replay(config, start, misses=0, iterations=40)
+  assert 1 not in ran[20:], ran
+  # Depth 2 as a cell of its own at weight 0.5 (before) stayed at gamma 1 throughout.
+  old = _replay(dataclasses.replace(config, cell_weight=0.5), start, misses=0, iterations=40)
+  assert old[20:] == [1] * 20, old
+
+
 def test_bad_settings_are_named():
   with pytest.raises(ValueError, match='increasing integers >= 1'):
     adaptive.AdaptiveConfig(gammas=(2, 1))
@@ -457,7 +490,8 @@ def test_a_run_skips_the_fixed_gammas_of_a_draft_that_cannot_pay(tmp_path, monke
   draft's fixed-gamma methods are skipped, its adaptive method runs and never drafts."""
   import json
 
-  from specjax import config_lib, run_config, run_lib
+  from specjax import config_lib
+  from specjax.harness import run_config, run_lib
 
   measured = {'ngram': fake_costs(0.01), 'truncated:1': fake_costs(4.0)}
   monkeypatch.setattr(
