@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.eval_chunks = 2 if tiny else 8  # held-aside chunks per corpus
   c.data.top_k = 8 if tiny else 32  # teacher probabilities kept per position
   c.data.label_batch = 8 if tiny else 4
-  c.data.cache_dir = ''  # default: specjax.assets.cache_dir() (SPECJAX_CACHE)
+  c.data.cache_dir = ''  # default: specjax.data.assets.cache_dir() (SPECJAX_CACHE)
 
   c.draft = ml_collections.ConfigDict()
   c.draft.init_layers = (0,) if tiny else (0, 1)  # target layers copied (negative: from the end)

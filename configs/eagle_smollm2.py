@@ -53,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.max_doc_chars = 20000 if tiny else 600000
   c.data.eval_chunks = 2 if tiny else 8  # held-aside chunks per corpus
   c.data.label_batch = 8 if tiny else 8
-  c.data.cache_dir = ''  # default: specjax.assets.cache_dir() (SPECJAX_CACHE)
+  c.data.cache_dir = ''  # default: specjax.data.assets.cache_dir() (SPECJAX_CACHE)
 
   c.head = ml_collections.ConfigDict()
   c.head.capture = ()  # target layers read (the stream entering them); () = (2, L // 2, L - 3)

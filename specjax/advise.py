@@ -24,7 +24,7 @@ import pathlib
 import sys
 
 from specjax.bench import tables
-from specjax.metrics import Summary
+from specjax.bench.metrics import Summary
 
 
 def _load(path: pathlib.Path) -> dict:

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config_lib, metrics
+from specjax import config_lib
 from specjax.bench import costs as costs_lib
-from specjax.bench import provenance
+from specjax.bench import metrics, provenance
 from specjax.checkpoints import loader
 from specjax.control import cost_model
 from specjax.decode.engine import Engine

@@ -4,7 +4,8 @@ Example:
   python -m specjax.run --config configs/smollm2.py --config.prompt="What is the capital of France?"
 """
 
-from specjax import config_lib, run_lib
+from specjax import config_lib
+from specjax.harness import run_lib
 
 if __name__ == '__main__':
   config_lib.run_cli(run_lib.main, 'configs/smollm2.py')

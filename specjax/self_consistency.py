@@ -24,12 +24,14 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from specjax import config_lib, metrics, registry, run_lib
+from specjax import config_lib, registry
+from specjax.bench import metrics
 from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine, GenerationOutput
 from specjax.drafters import ConsensusDrafter, NgramDrafter
+from specjax.harness import run_lib
 
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?(?:/\d+)?')
 _MARKED = (
@@ -89,7 +91,7 @@ def run_paths(
 
 
 def method_stats(out: GenerationOutput) -> dict:
-  """One method's figures on one prompt's N paths (specjax.metrics.Summary)."""
+  """One method's figures on one prompt's N paths (specjax.bench.metrics.Summary)."""
   m = metrics.summarize_output(out)
   return {
     'tokens': m.new_tokens,

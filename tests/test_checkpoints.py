@@ -368,7 +368,7 @@ def test_load_gguf_unsupported_type(tmp_path):
 
 @pytest.fixture(scope='module')
 def smollm2_path() -> pathlib.Path:
-  from specjax import assets
+  from specjax.data import assets
 
   return assets.fetch('smollm2-135m-instruct')
 
@@ -448,7 +448,7 @@ def test_real_smollm2_weights_match_transformers_gguf_loader(smollm2_path, tmp_p
 
 
 class FakeTokenizer:
-  """Duck-types specjax.tokenizer.Tokenizer's export surface."""
+  """Duck-types specjax.formats.tokenizer.Tokenizer's export surface."""
 
   bos_id, eos_id = 1, 2
 

@@ -15,8 +15,9 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specjax import config_lib, run_lib
+from specjax import config_lib
 from specjax.checkpoints import loader
+from specjax.harness import run_lib
 
 INTS = [-1, 0, 1, 2, 3, 10**9]
 GAMMAS = st.lists(st.sampled_from([-1, 0, 1, 2, 4, 15, 16, 100]), max_size=3).map(tuple)
@@ -79,7 +80,7 @@ FIELDS = {
 
 
 def test_every_field_is_drawn():
-  from specjax import run_config
+  from specjax.harness import run_config
 
   config = config_lib.load_config('smollm2.py', 'tiny')
   top = {name.partition('.')[0] for name in FIELDS}

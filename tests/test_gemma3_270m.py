@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import assets
 from specjax.checkpoints import loader
+from specjax.data import assets
 from specjax.decode.engine import Engine
 from specjax.drafters.ngram import NgramDrafter
 from specjax.models import llama

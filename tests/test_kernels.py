@@ -145,9 +145,15 @@ def test_dispatch_times_real_calls_while_a_forward_is_traced(fresh, monkeypatch)
   assert staged == [False]
 
 
+def _jaxpr(fn, *args) -> str:
+  """`fn` traced afresh (jax caches traces by function, and a kernel path is decided when
+  a product is traced)."""
+  return str(jax.make_jaxpr(lambda *a: fn(*a))(*args))
+
+
 def _product_calls(fn, *args) -> int:
   """How many kernel (FFI) calls the traced `fn` makes."""
-  return str(jax.make_jaxpr(fn)(*args)).count('ffi_call')
+  return _jaxpr(fn, *args).count('ffi_call')
 
 
 def test_a_forward_takes_the_policy_its_whole_forward_ran_fastest_with(fresh, monkeypatch):
@@ -173,8 +179,11 @@ def test_a_forward_takes_the_policy_its_whole_forward_ran_fastest_with(fresh, mo
   assert {r: out[r]['use'] for r in out} == {1: policies[-2], 2: 'xla'}
   assert set(fake['t']) == {(r, p) for r in (1, 2) for p in policies}  # every policy timed
   assert out[1]['products'] and all('rows<=1' in k for k in out[1]['products'])
+
   # The forwards traced from now on take the chosen paths, product by product.
-  forward = lambda p, t: llama.forward(p, t, llama.init_cache(cfg, 1, 32), cfg)[0]
+  def forward(p, t):  # a new function per trace: make_jaxpr caches traces by function
+    return llama.forward(p, t, llama.init_cache(cfg, 1, 32), cfg)[0]
+
   assert _product_calls(forward, params, jnp.ones((1, 1), jnp.int32)) >= len(out[1]['products'])
   assert _product_calls(forward, params, jnp.ones((1, 2), jnp.int32)) == 0
   for key in out[1]['products']:
@@ -198,9 +207,38 @@ def test_a_forward_takes_the_policy_its_whole_forward_ran_fastest_with(fresh, mo
   with pytest.raises(ValueError, match='kernel policy'):
     with cpu.forcing('avx9'):
       pass
+  # Under a forced policy every product takes it: none on XLA, the ISA's targets on it.
+  x1 = jnp.ones((1, 1), jnp.int32)
+  with cpu.forcing('xla'):
+    assert _product_calls(forward, params, x1) == 0
+  with cpu.forcing(policies[1]):
+    assert f'_{policies[1]}' in _jaxpr(forward, params, x1)
+  # The same products under another name (a layer-skip draft runs the target's own): the
+  # first model's choice holds, and the second is not timed.
+  assert costs.tune_forwards(params, cfg, 1, (1, 2), cache_size=32, name='draft') == {}
+  assert cpu.path(kind, n, k, 1) == policies[-2]
   # A forced path (or kernels off) has nothing to choose among.
   monkeypatch.setenv('SPECJAX_CPU_ISA', policies[1])
   assert cpu.policies() == ()
+
+
+def test_forward_choices_keep_near_ties_and_ignore_what_they_cannot_read(fresh, monkeypatch):
+  policies = cpu.policies()
+  if len(policies) < 3:
+    pytest.skip('no vector path on this CPU: nothing to choose')
+  near = {'auto': 10.0, policies[1]: 9.9, 'xla': 12.0}  # within FORWARD_MARGIN of auto
+  assert cpu.tune('m', 1, near, ['kn 1536x576 rows<=1'])['use'] == 'auto'
+  far = {'auto': 10.0, policies[1]: 9.0, 'xla': 12.0}
+  assert cpu.tune('m', 2, far, ['kn 1536x576 rows<=2'])['use'] == policies[1]
+  path = next(fresh.glob('forwards-*.json'))
+  # Float kernels switched off: choices of their own (the recorded ones ran float kernels).
+  monkeypatch.setenv('SPECJAX_CPU_FLOAT_KERNELS', '0')
+  assert cpu._forwards_path() != path
+  monkeypatch.delenv('SPECJAX_CPU_FLOAT_KERNELS')
+  for junk in ('[]', 'null', '{"m": {"1": {"use": "avx9"}}, "n": 3}', '{"m": {"2": []}}'):
+    path.write_text(junk)
+    monkeypatch.setattr(cpu, '_state', {'libs': cpu._state['libs']})
+    assert cpu.tuned('m', 1) is None and cpu.tuned('m', 2) is None
 
 
 def test_the_real_timer_times_both(fresh):

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from specjax import config_lib, pairs, run_lib
+from specjax import config_lib, pairs
+from specjax.harness import run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAIR_CONFIGS = ('qwen2_5', 'llama3', 'gemma3', 'vicuna')
@@ -110,7 +111,8 @@ def test_tiny_configs_keep_the_architecture():
 DRY_SCRIPT = textwrap.dedent("""
     import json, sys, time
     import jax
-    from specjax import config_lib, report, run_lib
+    from specjax import config_lib
+    from specjax.harness import report, run_lib
     assert jax.device_count() == 8, jax.devices()
     report.plot_all = lambda *a, **k: None  # the plots cost ~4 s a run and are tested elsewhere
     out = {}
@@ -233,7 +235,7 @@ def test_a_draft_with_fewer_vocabulary_rows_is_padded_to_the_target():
   assert isinstance(drafter, PaddedVocabDrafter)
   assert drafter.vocab_size == target.cfg.vocab_size == drafter.cfg.vocab_size + 8
   cache = drafter.cfg.family.init_cache(drafter.cfg, 1, 16)
-  logits, _ = drafter._forward(params, jnp.array([[5, 6, 7]]), cache)
+  logits, _ = drafter.forward(params, jnp.array([[5, 6, 7]]), cache)
   assert logits.shape == (1, 3, target.cfg.vocab_size)
   assert float(logits[..., drafter.cfg.vocab_size :].max()) < -1e29
   small = loader.load_model('dry:qwen2.5-0.5b-instruct')

@@ -8,9 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from specjax import config_lib, metrics, report, run_config, run_lib
+from specjax import config_lib
+from specjax.bench import metrics
 from specjax.checkpoints import loader
 from specjax.decode.engine import Engine
+from specjax.harness import report, run_config, run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -490,7 +492,7 @@ def test_near_ties_are_counted_at_the_first_divergence():
 
 
 def test_the_quick_verdict_says_why():
-  from specjax import verdict
+  from specjax.harness import verdict
 
   def summary(speedup, alpha, calls):
     m = dict(speedup=speedup, alpha=alpha, tokens_per_call=calls, tokens_per_second=10.0, gamma=4)
@@ -511,7 +513,7 @@ def test_the_quick_verdict_says_why():
 
 
 def test_the_quick_verdict_says_what_this_cpus_costs_allow():
-  from specjax import verdict
+  from specjax.harness import verdict
 
   def costs(verify):  # prompt lookup: free drafts; verify[g] in target steps
     return {

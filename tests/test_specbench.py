@@ -7,11 +7,12 @@ import re
 import pytest
 import tokenizers
 
-from specjax import config_lib, run_lib, testing
+from specjax import config_lib, testing
 from specjax.bench import leaderboard
 from specjax.data import specbench
 from specjax.data.prompts import Prompt, load_prompts
-from specjax.tokenizer import Tokenizer
+from specjax.formats.tokenizer import Tokenizer
+from specjax.harness import run_lib
 
 QUESTIONS = [
   {'question_id': 81, 'category': 'writing', 'turns': ['Write a poem.', 'Now shorter.']},

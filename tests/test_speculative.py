@@ -404,7 +404,7 @@ def test_bfloat16_logits_and_attention_scores_accumulate_in_float32(target):
 
 @pytest.mark.parametrize('draft', ['truncated target', 'prompt lookup'])
 def test_bfloat16_speculative_greedy_equals_target_greedy_up_to_near_ties(target, draft):
-  from specjax import metrics
+  from specjax.bench import metrics
   from specjax.drafters.ngram import NgramDrafter
 
   cfg, p16 = bf16(target)
@@ -422,7 +422,7 @@ def test_bfloat16_speculative_greedy_equals_target_greedy_up_to_near_ties(target
 
 
 def test_bfloat16_near_ties_are_relative_to_the_logits():
-  from specjax import metrics
+  from specjax.bench import metrics
 
   assert metrics.near_tie((9.95, 10.0), jnp.bfloat16)  # 0.05 < 10 / 64
   assert not metrics.near_tie((9.5, 10.0), jnp.bfloat16)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from specjax import metrics, registry
+from specjax import registry
+from specjax.bench import metrics
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 

@@ -1,4 +1,5 @@
-"""Tests for specjax.tokenizer: a tiny GGUF written here, and the real SmolLM2 one (slow)."""
+"""Tests for specjax.formats.tokenizer: a tiny GGUF written here, and the real SmolLM2 one
+(slow)."""
 
 import importlib
 import json
@@ -9,8 +10,8 @@ import pytest
 import tokenizers
 from tokenizers import pre_tokenizers
 
-from specjax import assets
-from specjax.tokenizer import CHATML_TEMPLATE, Tokenizer
+from specjax.data import assets
+from specjax.formats.tokenizer import CHATML_TEMPLATE, Tokenizer
 
 _CONTROL = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
 _MERGES = ['h e', 'l l', 'he ll', 'Ġ w', 'Ġ Ġ']

@@ -18,9 +18,10 @@ import pathlib
 
 from absl import app, flags
 
-from specjax import config_lib, run_config, run_lib
+from specjax import config_lib
 from specjax.bench import provenance
 from specjax.checkpoints import loader
+from specjax.harness import run_config, run_lib
 from specjax.kernels import cpu as cpu_kernels
 
 flags.DEFINE_string('out', 'experiments/cpu_paths/results', 'Output folder.')

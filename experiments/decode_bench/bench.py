@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specjax import assets
 from specjax.bench import provenance
 from specjax.checkpoints import loader
+from specjax.data import assets
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 

@@ -18,8 +18,8 @@ import sys
 
 from absl import app, flags
 
-from specjax import config_lib, metrics, registry
-from specjax.bench import provenance, tables
+from specjax import config_lib, registry
+from specjax.bench import metrics, provenance, tables
 from specjax.checkpoints import loader
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine

@@ -55,7 +55,8 @@ def main() -> None:
   args, overrides = parser.parse_known_args()
   overrides = [o for o in overrides if o != '--']
   sys.path.insert(0, str(ROOT))
-  from specjax import config_lib, run_lib
+  from specjax import config_lib
+  from specjax.harness import run_lib
 
   config = config_lib.load_config(args.config)
   for o in overrides:

@@ -38,9 +38,10 @@ import time
 import numpy as np
 from absl import app, flags
 
-from specjax import assets, registry
+from specjax import registry
 from specjax.bench import provenance
 from specjax.checkpoints import draft_dir, hf, loader
+from specjax.data import assets
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
 

@@ -20,9 +20,9 @@ import pathlib
 import jax
 from absl import app, flags
 
-from specjax import metrics, registry
+from specjax import registry
 from specjax.bench import costs as costs_lib
-from specjax.bench import provenance, tables
+from specjax.bench import metrics, provenance, tables
 from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib

@@ -41,13 +41,17 @@ def _timer(fn, args, inner: int):
 
 
 def timer_forward(
-  params, cfg, batch: int, tokens: int, cache_size: int, layers=None, inner: int = 8
+  params, cfg, batch: int, tokens: int, cache_size: int, layers=None, inner: int = 8, forward=None
 ):
-  """A timer of one forward of `tokens` new tokens per row (cache half full)."""
+  """A timer of one forward of `tokens` new tokens per row (cache half full): the family's,
+  or `forward(params, tokens, cache) -> (logits, cache)` (a draft's own, e.g.
+  ModelDrafter.forward)."""
+  if forward is None:
+    forward = lambda p, x, cache: cfg.family.forward(p, x, cache, cfg, layers)  # noqa: E731
 
   def many(p, x, cache):
     def body(i, acc):
-      logits, _ = cfg.family.forward(p, (x + i) % cfg.vocab_size, cache, cfg, layers)
+      logits, _ = forward(p, (x + i) % cfg.vocab_size, cache)
       return acc + logits[:, -1, 0]
 
     return jax.lax.fori_loop(0, inner, body, jnp.zeros(x.shape[:1]))
@@ -150,18 +154,22 @@ def tune_forwards(
   batch: int,
   tokens: Sequence[int],
   cache_size: int,
-  layers=None,
   repeats: int = 5,
+  forward=None,
+  name: str = '',
 ) -> dict:
-  """Times this model's forward of each `tokens` count under every kernel policy this CPU
-  allows (kernels.cpu.policies: per-product dispatch, each ISA's kernels throughout, XLA
-  throughout), in interleaved rounds, and keeps the fastest per row bucket for every
-  product of that forward (kernels.cpu.tune). Choices already recorded on this machine are
-  reused untimed. Returns {rows bucket: {'ms': {policy: ms}, 'use': policy, ...}}."""
+  """Times this model's forward (the family's, or `forward` as timer_forward takes it) of
+  each `tokens` count under every kernel policy this CPU allows (kernels.cpu.policies:
+  per-product dispatch, each ISA's kernels throughout, XLA throughout), in interleaved
+  rounds, and keeps the fastest per row bucket for every product of that forward
+  (kernels.cpu.tune; `name` tells apart two forwards of one parameter tree). Choices
+  already recorded on this machine are reused untimed; a forward whose products another
+  model's choice already holds (a layer-skip draft's are the target's) is not timed.
+  Returns {rows bucket: {'ms': {policy: ms}, 'use': policy, ...}}."""
   policies = cpu_kernels.policies()
   if len(policies) < 2:
     return {}
-  model = model_key(params) + ('' if layers is None else f'-layers{len(layers)}')
+  model = model_key(params) + (f'-{name}' if name else '')
   wanted = {cpu_kernels.bucket(batch * t): t for t in sorted(set(tokens))}  # largest t
   out, pieces, products = {}, {}, {}
   for rows, t in wanted.items():
@@ -173,10 +181,10 @@ def tune_forwards(
       continue
     for policy in policies:  # 'auto' first: a forward with no product a kernel takes
       with cpu_kernels.forcing(policy) as keys:  # traced (and compiled) under the policy
-        pieces[rows, policy] = timer_forward(params, cfg, batch, t, cache_size, layers)
-      if not keys:  # (a tiny model) has nothing to choose
-        del pieces[rows, policy]
+        timer = timer_forward(params, cfg, batch, t, cache_size, forward=forward)
+      if not keys or cpu_kernels.held_elsewhere(model, keys):  # nothing to choose
         break
+      pieces[rows, policy] = timer
       products.setdefault(rows, set()).update(keys)
   best = fastest(pieces, repeats) if pieces else {}
   for rows, keys in products.items():

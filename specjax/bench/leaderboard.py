@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import ml_collections
 
-from specjax import metrics
-from specjax.bench import tables
+from specjax.bench import metrics, tables
 from specjax.data import specbench
 
 BASELINE = 'autoregressive'

@@ -143,7 +143,8 @@ def export_hf(
     directory: created if missing; existing files of the same names are replaced.
     cfg: the model's config.
     params: its parameter tree (numpy or jax arrays, specjax layout).
-    tokenizer: optional specjax.tokenizer.Tokenizer; its files and bos/eos ids are written too.
+    tokenizer: optional specjax.formats.tokenizer.Tokenizer; its files and bos/eos ids are
+      written too.
     dtype: dtype of the stored weights (and of config.json's torch_dtype).
 
   Returns:

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import assets, registry
+from specjax import registry
 from specjax.checkpoints import gguf, hf
+from specjax.data import assets
 from specjax.models.llama import LlamaConfig
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -70,7 +71,9 @@ def check_model_spec(spec: str) -> None:
 
 def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
   """Reads weights (to host numpy in `dtype`) and builds the tokenizer for `spec`."""
-  from specjax.tokenizer import Tokenizer  # heavy imports only when a real model is asked for
+  from specjax.formats.tokenizer import (
+    Tokenizer,
+  )  # heavy imports only when a real model is asked for
 
   check_model_spec(spec)
   target_dtype = parse_dtype(dtype)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from specjax import assets
-from specjax.data import parse
+from specjax.data import assets, parse
 from specjax.data.parse import Prompt
 
 REPOSITORY = 'https://github.com/hemingkx/Spec-Bench'

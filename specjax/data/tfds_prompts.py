@@ -29,8 +29,7 @@ import pathlib
 
 import tensorflow_datasets as tfds
 
-from specjax import assets
-from specjax.data import parse
+from specjax.data import assets, parse
 
 VERSION = '1.0.0'
 SETS = ('humaneval', 'mtbench', 'code_edit')

@@ -98,7 +98,7 @@ class DistilledDrafter(ModelDrafter):
 
   name: str = 'distilled draft'
 
-  def _forward(self, params, tokens, cache):
+  def forward(self, params, tokens, cache):
     return subset_logits(params, tokens, cache, self.cfg)  # [B, T, K]: the draft vocabulary
 
   def _vocab_ids(self, params):

@@ -85,7 +85,7 @@ class ModelDrafter(Drafter):
   def resyncing(self, window: int) -> ModelDrafter:
     return dataclasses.replace(self, resync=window)
 
-  def _forward(self, params, tokens, cache):
+  def forward(self, params, tokens, cache):
     """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
     return self.cfg.family.forward(params, tokens, cache, self.cfg, self.layers)
 
@@ -103,7 +103,7 @@ class ModelDrafter(Drafter):
     chunk = jnp.where(
       absolute == state.prompt_lens[:, None] - 1, draft_state.last_prompt_token[:, None], emitted
     )
-    logits, cache = self._forward(params, chunk, draft_state.cache.with_lengths(start))
+    logits, cache = self.forward(params, chunk, draft_state.cache.with_lengths(start))
     logits = jnp.take_along_axis(logits, (pos - 1 - start)[:, None, None], axis=1)[:, 0]
     return logits, cache.with_lengths(pos)
 
@@ -115,7 +115,7 @@ class ModelDrafter(Drafter):
     """
 
     def in_step(_):
-      logits, cache = self._forward(params, last_two_tokens(draft_state, state), draft_state.cache)
+      logits, cache = self.forward(params, last_two_tokens(draft_state, state), draft_state.cache)
       return logits[:, -1], cache
 
     if not self.resync:
@@ -137,7 +137,7 @@ class ModelDrafter(Drafter):
       dists.append(sampling_lib.probabilities(logits, sampling))
       tokens.append(sampling_lib.sample(logits, k, sampling))
       if i + 1 < gamma:
-        logits, cache = self._forward(params, tokens[-1][:, None], cache)
+        logits, cache = self.forward(params, tokens[-1][:, None], cache)
         logits = logits[:, 0]
     return (jnp.stack(tokens, 1), jnp.stack(dists, 1), draft_state.replace(cache=cache))
 
@@ -279,8 +279,8 @@ class PaddedVocabDrafter(ModelDrafter):
     extra = self.target_vocab - logits.shape[-1]
     return jnp.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, extra)], constant_values=-1e30)
 
-  def _forward(self, params, tokens, cache):
-    logits, cache = super()._forward(params, tokens, cache)
+  def forward(self, params, tokens, cache):
+    logits, cache = super().forward(params, tokens, cache)
     return self._pad(logits), cache
 
   def _forward_masked(self, params, tokens, cache, positions, slots, mask):

@@ -25,7 +25,15 @@ memory as in a forward; row counts in buckets 1, 2, 3, 4-5, 6-9, 10-16, 17-32, 3
 timed at the largest) and the kernel is kept only if it is 10% faster (`MARGIN`: near-ties
 go to XLA, whose thread pool runs the rest of the step); decisions are stored beside the
 library, under a key of the CPU's model and features, the compiler flags and the sources
-(`decisions()` lists them, `python -m specjax.kernels --measure` redoes them). Switches:
+(`decisions()` lists them; removing the file measures them again).
+
+Products timed one at a time do not add up to a forward, so a run (`specjax.run`, before
+it compiles anything for decoding) also times each model's whole forward per row bucket
+under every policy this CPU allows (`policies()`: the per-product choice above, each
+vector ISA's kernels throughout, XLA throughout) and gives every product of that forward
+the winner's path (`bench/costs.tune_forwards`, `tune`; stored beside the libraries and
+reused, listed under 'forwards' in `describe()`). Code that builds an Engine itself keeps
+the per-product choice unless it calls `tune_forwards`. Switches:
 
   SPECJAX_CPU_ISA=avx512|avx2|scalar   that path for every product it takes (no timing)
   SPECJAX_CPU_ISA=xla                  XLA's products throughout (as SPECJAX_CPU_KERNELS=0)
@@ -408,6 +416,9 @@ def bucket(rows: int) -> int:
 
 _forcing: contextvars.ContextVar = contextvars.ContextVar('specjax_cpu_forcing', default=None)
 FORWARDS_VERSION = 1
+# Another policy replaces per-product dispatch only when its forward is this much faster:
+# the fastest of a few timings differs by 1-2% between runs, and a choice is kept.
+FORWARD_MARGIN = 0.97
 
 
 def policies() -> tuple[str, ...]:
@@ -416,7 +427,9 @@ def policies() -> tuple[str, ...]:
   enough for a kernel on that ISA's kernel) and 'xla'; () where nothing is measured (a
   forced path, kernels off or unavailable)."""
   want = requested()
-  if not want.startswith('auto') or jax.default_backend() != 'cpu' or best_isa() is None:
+  if not want.startswith('auto') or jax.default_backend() != 'cpu' or jax.device_count() != 1:
+    return ()
+  if best_isa() is None:
     return ()
   runs, cap = supported(), want.removeprefix('auto:')
   start = runs.index(cap) if cap != 'auto' else 0
@@ -440,18 +453,37 @@ def forcing(policy: str):
 
 def _forwards_path() -> pathlib.Path:
   libs = '-'.join(f'{isa}{library_key(isa)[:8]}' for isa in policies() if isa in ISAS)
-  optimised = '' if not jax.config.read('jax_disable_most_optimizations') else '-unoptimised'
-  return _cache_dir() / f'forwards-v{FORWARDS_VERSION}-{requested()}-{libs}{optimised}.json'
+  tags = '' if not jax.config.read('jax_disable_most_optimizations') else '-unoptimised'
+  if os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') == '0':
+    tags += '-nofloat'
+  want = requested().replace(':', '_')
+  return _cache_dir() / f'forwards-v{FORWARDS_VERSION}-{want}-{libs}{tags}.json'
+
+
+def _valid(record) -> bool:
+  return (
+    isinstance(record, dict)
+    and record.get('use') in (*ISAS, 'auto', 'xla')
+    and isinstance(record.get('products'), list)
+    and isinstance(record.get('ms'), dict)
+  )
 
 
 def _forwards() -> dict:
+  """{model: {bucket: record}} recorded on this machine; what cannot be read is dropped."""
   table = _state.setdefault('forwards', {})
   path = _forwards_path()
   if path not in table:
     try:
-      table[path] = json.loads(path.read_text())
+      loaded = json.loads(path.read_text())
     except (OSError, ValueError):
-      table[path] = {}
+      loaded = {}
+    loaded = loaded if isinstance(loaded, dict) else {}
+    table[path] = {
+      model: {b: r for b, r in rows.items() if _valid(r)}
+      for model, rows in loaded.items()
+      if isinstance(rows, dict)
+    }
   return table[path]
 
 
@@ -469,6 +501,8 @@ def tune(model: str, rows: int, ms: dict[str, float], products) -> dict:
   """Records that `model`'s forward at this row bucket ran `ms` {policy: ms} and applies
   the fastest policy to its `products` (the keys `forcing` collected)."""
   use = min(ms, key=ms.get)
+  if 'auto' in ms and ms[use] > FORWARD_MARGIN * ms['auto']:
+    use = 'auto'  # a near-tie keeps per-product dispatch
   record = {'ms': {p: round(t, 3) for p, t in ms.items()}, 'use': use, 'products': sorted(products)}
   with _lock:
     _forwards().setdefault(model, {})[str(bucket(rows))] = record
@@ -485,11 +519,21 @@ def tune(model: str, rows: int, ms: dict[str, float], products) -> dict:
 
 
 def _apply(model: str, rows: int, record: dict) -> None:
+  """Gives `record`'s products its path, except those a model applied earlier holds: a
+  layer-skip draft runs the target's own products, and keeps the target's choice."""
   applied = _state.setdefault('applied', {})
   applied[f'{model} rows<={bucket(rows)}'] = {'use': record['use'], 'ms': record['ms']}
   chosen = _state.setdefault('chosen', {})
   for key in record['products']:
-    chosen[key] = record['use']
+    if chosen.get(key, (model,))[0] == model:
+      chosen[key] = (model, record['use'])
+
+
+def held_elsewhere(model: str, products) -> bool:
+  """Whether every one of `products` already has the choice of a model other than `model`
+  (then timing `model`'s forward could change nothing)."""
+  chosen = _state.get('chosen', {})
+  return bool(products) and all(chosen.get(k, (model,))[0] != model for k in products)
 
 
 def path(kind: str, n: int, k: int, rows: int) -> str | None:
@@ -507,7 +551,7 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
       return isa
     key = f'{kind} {n}x{k} rows<={bucket(rows)}'
     forced = _forcing.get()
-    policy = _state.get('chosen', {}).get(key, 'auto') if forced is None else forced[0]
+    policy = _state.get('chosen', {}).get(key, ('', 'auto'))[1] if forced is None else forced[0]
     if forced is not None:
       forced[1].add(key)
     if policy != 'auto':

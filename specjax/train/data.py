@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import assets
+from specjax.data import assets
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import assets
-from specjax.data import code_edit
+from specjax.data import assets, code_edit
 from specjax.train import data as data_lib
 from specjax.train import prompts as prompts_lib
 

