@@ -307,26 +307,36 @@ def _decisions_path(isa: str) -> pathlib.Path:
   return _cache_dir() / f'dispatch-v{DISPATCH_VERSION}-{isa}-{library_key(isa)}{tag}.json'
 
 
-def _decisions(isa: str) -> dict:
-  table = _state.setdefault('decisions', {})
-  path = _decisions_path(isa)
+def _stored(name: str, path: pathlib.Path) -> dict:
+  """The JSON object stored at `path` (read once a process; {} if missing or unreadable),
+  kept in _state[name] under its path."""
+  table = _state.setdefault(name, {})
   if path not in table:
     try:
-      table[path] = json.loads(path.read_text())
+      loaded = json.loads(path.read_text())
     except (OSError, ValueError):
-      table[path] = {}
+      loaded = {}
+    table[path] = loaded if isinstance(loaded, dict) else {}
   return table[path]
 
 
-def _save(isa: str) -> None:
-  path = _decisions_path(isa)
+def _store(path: pathlib.Path, data: dict) -> None:
+  """Writes `data` to `path` atomically; a read-only cache keeps it for this process only."""
   tmp = path.with_suffix(f'.{os.getpid()}.tmp')
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(_decisions(isa), indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)
-  except OSError:  # a read-only cache: the decisions hold for this process
+  except OSError:
     pass
+
+
+def _decisions(isa: str) -> dict:
+  return _stored('decisions', _decisions_path(isa))
+
+
+def _save(isa: str) -> None:
+  _store(_decisions_path(isa), _decisions(isa))
 
 
 def _time_both(kernel, xla, args, rounds: int = 5, span: float = 0.02) -> tuple[float, float]:
@@ -471,20 +481,13 @@ def _valid(record) -> bool:
 
 def _forwards() -> dict:
   """{model: {bucket: record}} recorded on this machine; what cannot be read is dropped."""
-  table = _state.setdefault('forwards', {})
-  path = _forwards_path()
-  if path not in table:
-    try:
-      loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-      loaded = {}
-    loaded = loaded if isinstance(loaded, dict) else {}
-    table[path] = {
-      model: {b: r for b, r in rows.items() if _valid(r)}
-      for model, rows in loaded.items()
-      if isinstance(rows, dict)
-    }
-  return table[path]
+  table = _stored('forwards', _forwards_path())
+  for model, rows in list(table.items()):
+    if not isinstance(rows, dict):
+      del table[model]
+    else:
+      table[model] = {b: r for b, r in rows.items() if _valid(r)}
+  return table
 
 
 def tuned(model: str, rows: int) -> dict | None:
@@ -507,14 +510,7 @@ def tune(model: str, rows: int, ms: dict[str, float], products) -> dict:
   with _lock:
     _forwards().setdefault(model, {})[str(bucket(rows))] = record
     _apply(model, rows, record)
-    path = _forwards_path()
-    tmp = path.with_suffix(f'.{os.getpid()}.tmp')
-    try:
-      path.parent.mkdir(parents=True, exist_ok=True)
-      tmp.write_text(json.dumps(_forwards(), indent=1, sort_keys=True))
-      os.replace(tmp, path)
-    except OSError:  # a read-only cache: the choice holds for this process
-      pass
+    _store(_forwards_path(), _forwards())
   return record
 
 
