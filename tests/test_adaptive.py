@@ -138,6 +138,27 @@ def test_stale_misses_at_one_depth_do_not_pin_a_short_chain():
   assert old[20:] == [1] * 20, old
 
 
+def test_a_draft_the_prior_leaves_off_is_probed_at_once():
+  """The quantized draft's costs on HumanEval (issue 27): the prior (alpha 0.5) predicts no
+  pay, so the controller starts off; it probes at the first iteration and, accepting 0.97,
+  stays on. Without probe_first it ran probe_every plain steps first."""
+  config = adaptive.AdaptiveConfig(
+    gammas=(1, 2, 4), draft_cost=(0.449, 0.773, 1.335), verify_cost=(1.119, 1.173, 1.505)
+  )
+  ctrl = adaptive.init(config)
+  assert int(ctrl.choice) == 0  # the prior leaves it off...
+  assert int(adaptive.choose(config, ctrl)) > 0  # ...and the first iteration is a probe
+  for seed in range(2):
+    gammas, _ = run(config, [(0.97, 40)], seed)
+    assert gammas[0] > 0 and np.all(gammas[:40] > 0), gammas
+  late = dataclasses.replace(config, probe_first=False)
+  gammas, _ = run(late, [(0.97, 40)])
+  assert np.all(gammas[: late.probe_every] == 0) and gammas[late.probe_every] > 0, gammas
+  # A draft that cannot pay is still never probed, first iteration included.
+  dear = adaptive.AdaptiveConfig(**DEAR)
+  assert int(adaptive.choose(dear, adaptive.init(dear))) == 0
+
+
 def test_bad_settings_are_named():
   with pytest.raises(ValueError, match='increasing integers >= 1'):
     adaptive.AdaptiveConfig(gammas=(2, 1))
@@ -229,6 +250,7 @@ JUMPY = adaptive.AdaptiveConfig(
   hysteresis=0.0,
   probe_every=3,
   start_on=False,
+  probe_first=False,  # plain steps first: the loop tests need both kinds of iteration
   decay=0.5,
 )
 
@@ -368,7 +390,9 @@ def test_adaptive_sampling_matches_the_target(trees):
   # Starts off, probes after one plain step, then drafts: both kinds of iteration run.
   more = dict(trees=(parse_shape('2x1'),), explore_every=1) if trees else {}
   # With trees: a '2x1' tree (4 nodes) every other iteration while on.
-  config = adaptive.AdaptiveConfig(gammas=(1, 2), start_on=False, probe_every=1, **more)
+  config = adaptive.AdaptiveConfig(
+    gammas=(1, 2), start_on=False, probe_first=False, probe_every=1, **more
+  )
   out = engine.generate([prompt] * n, 4, sampling, seed=5, adaptive=config)
   assert {d for row in out.drafted for d in row} >= ({0, 4} if trees else {0, 2})
 
@@ -400,6 +424,7 @@ WITH_TREES = adaptive.AdaptiveConfig(
   probe_every=2,
   explore_every=3,
   start_on=False,
+  probe_first=False,
   decay=0.5,
 )
 

@@ -311,7 +311,7 @@ def test_a_missing_compiler_falls_back_to_xla_with_a_warning(fresh, monkeypatch)
 @pytest.mark.parametrize('isa', PATHS)
 def test_the_model_on_each_path_equals_the_model_on_xla(isa, monkeypatch):
   cfg, params = testing.tiny_model(seed=1, n_layers=2)
-  tokens = jnp.array([[5, 17, 99, 3, 42]])
+  tokens = jnp.array([[5, 17, 59, 3, 42]])  # in the vocabulary (64): no NaN embedding
   want, _ = jax.jit(lambda p, t: llama.forward(p, t, llama.init_cache(cfg, 1, 16), cfg))(
     params, tokens
   )
@@ -355,3 +355,112 @@ def test_speculative_sampling_matches_the_target_on_each_path(isa, monkeypatch):
   samples = spec.sample_continuations((target, draft), sampling, 2, 'rejection')
   assert chosen and set(chosen) == {isa}  # traced here, every product on this path
   assert spec.chi_square_pvalue(samples, probs) > 1e-3
+
+
+# ---- attention (cpu_attention.cc) --------------------------------------------------------
+
+
+def _attention_case(b, t, n, g, s, h, mask, seed=0):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.standard_normal((b, t, n, h), np.float32))
+  k = jnp.asarray(rng.standard_normal((b, g, s, h), np.float32))
+  v = jnp.asarray(rng.standard_normal((b, g, s, h), np.float32))
+  return q, k, v, jnp.asarray(np.broadcast_to(mask, (b, t, s)))
+
+
+def _attention_cases():
+  """(name, b, t, n, g, s, h, mask): causal caches, a query that sees nothing, sliding
+  windows, a token tree's ancestors, GQA, odd H, and caches split into several spans."""
+  rng = np.random.default_rng(1)
+  slots = lambda s: np.arange(s)[None, None]
+  causal = lambda t, s, start: slots(s) <= start + np.arange(t)[None, :, None]
+  parents = (-1, 0, 0, 1, 2)  # a token tree of 5 nodes after a 40-token prompt
+  tree = np.zeros((1, 5, 64), bool)
+  tree[:, :, :40] = True
+  for node in range(5):
+    at = node
+    while at >= 0:
+      tree[0, node, 40 + at] = True
+      at = parents[at]
+  nothing = np.broadcast_to(causal(5, 37, 20), (2, 5, 37)).copy()
+  nothing[1, 3] = False  # a padded query: sees no slot
+  window = causal(3, 300, 250) & (slots(300) > 250 + np.arange(3)[None, :, None] - 64)
+  return [
+    ('one row, SmolLM2 heads', 1, 1, 9, 3, 512, 64, causal(1, 512, 300)),
+    ('five rows, batch 2, one sees nothing', 2, 5, 6, 2, 37, 16, nothing),
+    ('sliding window', 1, 3, 4, 1, 300, 32, window),
+    ('token tree', 1, 5, 8, 2, 64, 24, tree),
+    ('odd H, random mask', 3, 2, 3, 3, 129, 20, rng.random((3, 2, 129)) < 0.3),
+  ]
+
+
+@pytest.mark.parametrize('isa', PATHS)
+@pytest.mark.parametrize('case', _attention_cases(), ids=lambda c: c[0])
+def test_every_attention_path_equals_xlas_attention(isa, case):
+  assert cpu.library(isa) is not None, cpu.status()
+  _, b, t, n, g, s, h, mask = case
+  q, k, v, m = _attention_case(b, t, n, g, s, h, mask)
+  scale = h**-0.5
+  got = np.asarray(jax.jit(lambda *a: cpu._attention_call(isa, scale, *a))(q, k, v, m))
+  want = np.asarray(llama.xla_attention(q, k, v, m, scale))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+  # A NaN in a key a query sees makes that query's attention NaN, as in XLA, and only its.
+  seen = np.argwhere(np.asarray(m)[0, 0])[0, 0]
+  broken = jax.jit(lambda *a: cpu._attention_call(isa, scale, *a))(
+    q, k.at[0, 0, seen, 0].set(jnp.nan), v, m
+  )
+  nan = np.isnan(np.asarray(broken)).any(axis=-1)
+  assert nan[0, 0, : n // g].all() and not nan[0, :, n // g :].any() and not nan[1:].any()
+  # A query's attention does not depend on the other queries of the call: the last one
+  # alone gives the same bits as within all T (a 1-row step against a 5-row verification).
+  last = jax.jit(lambda *a: cpu._attention_call(isa, scale, *a))(
+    q[:, -1:], k, v, m[:, -1:]
+  )  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(last), got[:, -1:])
+
+
+@pytest.mark.parametrize('isa', PATHS)
+def test_attention_gradients_and_vmap_match_xla(isa):
+  assert cpu.library(isa) is not None
+  mask = np.arange(40)[None, None] <= 30 + np.arange(2)[None, :, None]
+  q, k, v, m = _attention_case(1, 2, 4, 2, 40, 16, mask)
+  kernel = lambda q, k, v: cpu._attend(isa, 0.25, llama.xla_attention, q, k, v, m)
+  xla = lambda q, k, v: llama.xla_attention(q, k, v, m, 0.25)
+  loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))
+  got = jax.grad(loss(kernel), argnums=(0, 1, 2))(q, k, v)
+  want = jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  qs = jnp.stack([q, 2 * q])
+  np.testing.assert_allclose(
+    jax.vmap(kernel, in_axes=(0, None, None))(qs, k, v),
+    jax.vmap(xla, in_axes=(0, None, None))(qs, k, v),
+    rtol=1e-5, atol=2e-6,
+  )  # fmt: skip
+
+
+def test_attention_dispatch_is_measured_and_forced(fresh, monkeypatch):
+  isa = cpu.supported()[0]
+  if isa == 'scalar':
+    pytest.skip('no vector path on this CPU: auto dispatch never considers scalar')
+  mask = np.arange(512)[None, None] <= 300
+  q, k, v, m = _attention_case(1, 1, 9, 3, 512, 64, mask)
+  attend = lambda q, k, v, m: llama.attention(q, k, v, m)
+  timings, real_timer = {'next': (1e-4, 2e-4)}, cpu._time_both
+  monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: timings['next'])
+  assert 'specjax_attention' in _jaxpr(attend, q, k, v, m)  # the kernel was faster
+  assert cpu.decisions()['attn 3x512x64 r3 rows<=1']['use'] == isa
+  timings['next'] = (3e-4, 2e-4)
+  assert 'specjax_attention' not in _jaxpr(attend, q, k[:, :, :400], v[:, :, :400], m[..., :400])
+  # A tiny cache stays with XLA untimed; a whole-forward policy overrides the measurement.
+  monkeypatch.setattr(cpu, '_time_both', lambda *a: pytest.fail('timed a tiny cache'))
+  assert 'ffi_call' not in _jaxpr(
+    attend, q[..., :16], k[:, :, :8, :16], v[:, :, :8, :16], m[..., :8]
+  )
+  with cpu.forcing('xla') as seen:
+    assert 'specjax_attention' not in _jaxpr(attend, q, k, v, m)
+  assert seen == {'attn 3x512x64 r3 rows<=1'}
+  # The real timer runs both on this machine.
+  monkeypatch.setattr(cpu, '_time_both', real_timer)
+  timed = cpu.measure_attention(3, 256, 64, 3, 2, isa, llama.xla_attention)
+  assert timed['kernel_us'] > 0 and timed['xla_us'] > 0

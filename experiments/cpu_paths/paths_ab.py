@@ -6,6 +6,7 @@ the whole-forward choice a run makes, so `auto` is per-product dispatch.
 
   python experiments/cpu_paths/paths_ab.py avx512,avx2,auto,auto:avx2 [CACHE_SIZE]
   ROUNDS=9 python experiments/cpu_paths/paths_ab.py auto,auto:avx2
+  python experiments/cpu_paths/paths_ab.py avx512,avx512+noattention,avx2,avx2+noattention
 
 It showed that per-product dispatch lost to a whole forward on one ISA (BENCHMARKS.md,
 issue 27, fifth session). Run it on a quiet machine.
@@ -32,7 +33,9 @@ cfg, size = target.cfg, int(sys.argv[2]) if len(sys.argv) > 2 else 512
 variants = sys.argv[1].split(',')
 timers = {}
 for v in variants:
-  os.environ['SPECJAX_CPU_ISA'] = v  # read when a product is traced
+  isa, _, extra = v.partition('+')  # avx512+noattention: attention on XLA's operations
+  os.environ['SPECJAX_CPU_ISA'] = isa  # read when a product is traced
+  os.environ['SPECJAX_CPU_ATTENTION'] = '0' if extra == 'noattention' else '1'
   timers[v, 'step'] = costs.timer_forward(tparams, cfg, 1, 1, size)
   for n in (3, 5):
     timers[v, f'verify{n}'] = costs.timer_forward(tparams, cfg, 1, n, size)

@@ -71,13 +71,14 @@ import jax.numpy as jnp
 import numpy as np
 
 _DIR = pathlib.Path(__file__).parent
-_SOURCES = tuple(_DIR / n for n in ('cpu_linear.cc', 'cpu_blocks.cc'))
-_HEADERS = (_DIR / 'spin_pool.h',)
+_SOURCES = tuple(_DIR / n for n in ('cpu_linear.cc', 'cpu_blocks.cc', 'cpu_attention.cc'))
+_HEADERS = (_DIR / 'spin_pool.h', _DIR / 'simd.h')
 TARGETS = {
   'nk': 'specjax_linear_nk',
   'kn': 'specjax_linear_kn',
   'q4_1': 'specjax_blocks_q4_1',
   'q8_0': 'specjax_blocks_q8_0',
+  'attn': 'specjax_attention',
 }
 BLOCK_TARGETS = {'q4_1': 'specjax_blocks_q4_1', 'q8_0': 'specjax_blocks_q8_0'}
 MAX_ROWS = 64  # the most rows measured dispatch sends to a kernel (a forced path: any)
@@ -466,6 +467,8 @@ def _forwards_path() -> pathlib.Path:
   tags = '' if not jax.config.read('jax_disable_most_optimizations') else '-unoptimised'
   if os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') == '0':
     tags += '-nofloat'
+  if os.environ.get('SPECJAX_CPU_ATTENTION') == '0':
+    tags += '-noattention'
   want = requested().replace(':', '_')
   return _cache_dir() / f'forwards-v{FORWARDS_VERSION}-{want}-{libs}{tags}.json'
 
@@ -541,11 +544,17 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
     return None
   if auto and kind in ('nk', 'kn') and os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') == '0':
     return None  # float32 products on XLA, untimed (see SPECJAX_CPU_FLOAT_KERNELS above)
+  key = f'{kind} {n}x{k} rows<={bucket(rows)}'
+  return _dispatch(key, lambda isa: measure(kind, n, k, bucket(rows), isa))
+
+
+def _dispatch(key: str, timer) -> str | None:
+  """The path of the product `key` under a forced path, the forward-level choice, or its
+  own measurement (`timer(isa)` -> {'kernel_us', 'xla_us'}, run once per machine)."""
   with _lock:
     isa = best_isa()
-    if isa is None or not auto:
+    if isa is None or not requested().startswith('auto'):
       return isa
-    key = f'{kind} {n}x{k} rows<={bucket(rows)}'
     forced = _forcing.get()
     policy = _state.get('chosen', {}).get(key, ('', 'auto'))[1] if forced is None else forced[0]
     if forced is not None:
@@ -559,7 +568,7 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
       # In a thread of its own: this runs while a forward is traced, and in the tracing
       # thread every array operation, timed calls included, would be staged into it.
       with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        record = pool.submit(measure, kind, n, k, bucket(rows), isa).result()
+        record = pool.submit(timer, isa).result()
       record['use'] = isa if record['kernel_us'] < MARGIN * record['xla_us'] else 'xla'
       table[key] = record
       _save(isa)
@@ -686,3 +695,92 @@ def stream_sum(x: jax.Array) -> jax.Array:
     return jnp.sum(x, keepdims=True).reshape(1)
   call = jax.ffi.ffi_call(f'specjax_stream_sum_{isa}', jax.ShapeDtypeStruct((1,), jnp.float32))
   return call(x.reshape(-1))
+
+
+# ---- attention --------------------------------------------------------------------------
+# One row's keys (G * S * H floats) below this stay with XLA under measured dispatch: the
+# tiny test models' caches, where a call costs more than it saves. SPECJAX_CPU_ATTENTION=0
+# keeps attention with XLA on every path (an A/B switch; products are unaffected).
+MIN_CACHE = 1 << 14
+
+
+def _attention_call(isa: str, scale: float, q, k, v, mask):
+  call = jax.ffi.ffi_call(
+    _target('attn', isa), jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method='sequential'
+  )
+  return call(q, k, v, mask, scale=np.float32(scale))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attend(isa: str, scale: float, reference, q, k, v, mask):
+  return _attention_call(isa, scale, q, k, v, mask)
+
+
+def _attend_fwd(isa, scale, reference, q, k, v, mask):
+  return _attend(isa, scale, reference, q, k, v, mask), (q, k, v, mask)
+
+
+def _attend_bwd(isa, scale, reference, residuals, g):
+  """The gradient of XLA's attention (`reference`): training never needs the kernel's."""
+  q, k, v, mask = residuals
+  grads = jax.vjp(lambda q, k, v: reference(q, k, v, mask, scale), q, k, v)[1](g)
+  return (*grads, np.zeros(mask.shape, jax.dtypes.float0))
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def measure_attention(g: int, s: int, h: int, r: int, rows: int, isa: str, reference) -> dict:
+  """Times the `isa` attention kernel and `reference` (XLA's) for `rows` queries per KV
+  head group against a half-full cache of s slots, each call on another layer's cache (as
+  a forward streams them): {'kernel_us', 'xla_us'} per call."""
+  rng = np.random.default_rng(0)
+  copies = int(min(32, max(1, STREAM_BYTES // (2 * g * s * h * 4))))
+  q = jnp.asarray(rng.standard_normal((1, rows, g * r, h), np.float32))
+  caches = [
+    tuple(jnp.asarray(rng.standard_normal((1, g, s, h), np.float32)) for _ in range(2))
+    for _ in range(copies)
+  ]
+  seen = np.arange(s)[None, :] < s // 2 + np.arange(rows)[:, None]
+  mask = jnp.asarray(seen[None])
+  scale = h**-0.5
+
+  def chain(attend):
+    def run(q, caches):
+      total = jnp.zeros((), jnp.float32)
+      for k, v in caches:
+        total = total + attend(q, k, v, mask, scale)[0, 0, 0, 0]
+        q = q + 1e-30 * total  # a dependency, numerically nothing
+      return total
+
+    return jax.jit(run)
+
+  kernel = chain(lambda *a: _attention_call(isa, a[-1], *a[:-1]))
+  t_kernel, t_xla = _time_both(kernel, chain(reference), (q, caches))
+  return {'kernel_us': round(t_kernel / copies * 1e6, 1), 'xla_us': round(t_xla / copies * 1e6, 1)}
+
+
+def attention(q, k, v, mask, scale: float, reference) -> jax.Array | None:
+  """Grouped-query attention of q[B, T, N, H] against a head-major cache k, v[B, G, S, H]
+  under mask[B, T, S] on a kernel (cpu_attention.cc), or None where `reference` (XLA's
+  attention, `reference(q, k, v, mask, scale)`, also its gradient) is faster or no kernel
+  can run: the caller runs the reference then."""
+  if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or mask.ndim != 3:
+    return None
+  if any(a.dtype != jnp.float32 for a in (q, k, v)) or mask.dtype != jnp.bool_:
+    return None
+  b, t, n, h = (int(x) for x in q.shape)
+  g, s = int(k.shape[1]), int(k.shape[2])
+  if k.shape[0] != b or k.shape[3] != h or n % g or mask.shape != (b, t, s):
+    return None
+  rows = b * t
+  if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
+    return None
+  if os.environ.get('SPECJAX_CPU_ATTENTION') == '0':
+    return None
+  if requested().startswith('auto') and (rows > MAX_ROWS or g * s * h < MIN_CACHE):
+    return None
+  r = n // g
+  key = f'attn {g}x{s}x{h} r{r} rows<={bucket(rows)}'
+  isa = _dispatch(key, lambda i: measure_attention(g, s, h, r, bucket(rows), i, reference))
+  return _attend(isa, float(scale), reference, q, k, v, mask) if isa else None

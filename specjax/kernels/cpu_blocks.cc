@@ -32,6 +32,7 @@
 #include <immintrin.h>
 #endif
 
+#include "specjax/kernels/simd.h"
 #include "specjax/kernels/spin_pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -151,12 +152,6 @@ inline __m256i DotPair(__m256i lo, __m256i hi, __m256i xlo, __m256i xhi) {
 #endif
 }
 
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 #if defined(SPECJAX_BLOCKS_SIMD)
@@ -222,7 +217,7 @@ inline void Tile(const int8_t* qx, const int8_t* qxp, const float* dx, const flo
   }
   for (int i = 0; i < MB; ++i) {
     for (int r = 0; r < R; ++r) {
-      float total = HorizontalSum(acc[i][r]);
+      float total = specjax::Sum8(acc[i][r]);
       if (F == Format::kQ4_1 || kBiasedDot) {  // the offsets' term, eight blocks at a time
         const float* wr = (F == Format::kQ4_1 ? mins : d) + (n + r) * nb;
         const float* xs = sx + (m0 + i) * nb;
@@ -230,7 +225,7 @@ inline void Tile(const int8_t* qx, const int8_t* qxp, const float* dx, const flo
         int64_t b = 0;
         for (; b + 8 <= nb; b += 8)
           bias = _mm256_fmadd_ps(_mm256_loadu_ps(wr + b), _mm256_loadu_ps(xs + b), bias);
-        total += HorizontalSum(bias);
+        total += specjax::Sum8(bias);
         for (; b < nb; ++b) total += wr[b] * xs[b];
       }
       y[(m0 + i) * n_dim + n + r] = total;

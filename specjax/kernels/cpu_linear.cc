@@ -27,6 +27,7 @@
 #include <immintrin.h>
 #endif
 
+#include "specjax/kernels/simd.h"
 #include "specjax/kernels/spin_pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -42,15 +43,6 @@ constexpr int64_t kMaxRows = 1 << 20;  // rows of x the kernels accept (dispatch
 #define SPECJAX_ISA "avx2"
 #else
 #define SPECJAX_ISA "scalar"
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__)
-inline float Sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 // ---- w[N, K] (out, in) --------------------------------------------------------------
@@ -112,7 +104,7 @@ inline void NkTile(const float* x, const float* w, float* y, int64_t k_dim, int6
   }
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < 4; ++r) {
-      float total = Sum8(acc[i][r]);
+      float total = specjax::Sum8(acc[i][r]);
       for (int64_t k = k_vec; k < k_dim; ++k)  // the tail of K past the last full vector
         total = __builtin_fmaf(x[(m0 + i) * k_dim + k], wr[r][k], total);
       y[(m0 + i) * n_dim + n + r] = total;

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.core import contract
+from specjax.kernels import cpu
 from specjax.models import quant
 from specjax.models.kv_cache import KVCache
 from specjax.models.quant import dense
@@ -296,9 +297,16 @@ def attention(
   them); mask[B, T, S] says which slots each query sees; scores are scaled by `scale`
   (0: H ** -0.5). Returns [B, T, N, H].
   """
+  scale = scale or q.shape[-1] ** -0.5
+  out = cpu.attention(q, k, v, mask, scale, xla_attention)  # None: XLA's is faster here
+  return xla_attention(q, k, v, mask, scale) if out is None else out
+
+
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float):
+  """`attention` in XLA's operations (the reference the CPU kernel must equal)."""
   b, t, n, h = q.shape
   g = k.shape[1]
-  scores = _cache_scores(q.reshape(b, t, g, n // g, h), k) * (scale or h**-0.5)
+  scores = _cache_scores(q.reshape(b, t, g, n // g, h), k) * scale
   scores = jnp.where(mask[:, None, None], scores, -1e30)
   probs = jax.nn.softmax(scores, axis=-1)
   return _cache_values(probs, v).reshape(b, t, n, h)
