@@ -154,6 +154,9 @@ def test_a_draft_the_prior_leaves_off_is_probed_at_once():
   late = dataclasses.replace(config, probe_first=False)
   gammas, _ = run(late, [(0.97, 40)])
   assert np.all(gammas[: late.probe_every] == 0) and gammas[late.probe_every] > 0, gammas
+  # A first probe that fails waits probe_every plain steps, as any probe does, not none.
+  gammas, _ = run(config, [(0.0, 40)])
+  assert gammas[0] > 0 and np.all(gammas[1 : 1 + config.probe_every] == 0), gammas
   # A draft that cannot pay is still never probed, first iteration included.
   dear = adaptive.AdaptiveConfig(**DEAR)
   assert int(adaptive.choose(dear, adaptive.init(dear))) == 0

@@ -391,6 +391,7 @@ def _attention_cases():
     ('sliding window', 1, 3, 4, 1, 300, 32, window),
     ('token tree', 1, 5, 8, 2, 64, 24, tree),
     ('odd H, random mask', 3, 2, 3, 3, 129, 20, rng.random((3, 2, 129)) < 0.3),
+    ('batch 2 over several spans', 2, 3, 2, 1, 300, 32, causal(3, 300, 200)),
   ]
 
 
@@ -404,6 +405,10 @@ def test_every_attention_path_equals_xlas_attention(isa, case):
   got = np.asarray(jax.jit(lambda *a: cpu._attention_call(isa, scale, *a))(q, k, v, m))
   want = np.asarray(llama.xla_attention(q, k, v, m, scale))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+  # Scores spread past exp's range (weights that flush to 0 on every path); scores 40x
+  # larger carry 40x the float32 rounding of the dot products.
+  sharp = np.asarray(jax.jit(lambda *a: cpu._attention_call(isa, 40 * scale, *a))(q, k, v, m))
+  np.testing.assert_allclose(sharp, llama.xla_attention(q, k, v, m, 40 * scale), atol=2e-4)
   # A NaN in a key a query sees makes that query's attention NaN, as in XLA, and only its.
   seen = np.argwhere(np.asarray(m)[0, 0])[0, 0]
   broken = jax.jit(lambda *a: cpu._attention_call(isa, scale, *a))(
@@ -449,7 +454,7 @@ def test_attention_dispatch_is_measured_and_forced(fresh, monkeypatch):
   timings, real_timer = {'next': (1e-4, 2e-4)}, cpu._time_both
   monkeypatch.setattr(cpu, '_time_both', lambda kernel, xla, args: timings['next'])
   assert 'specjax_attention' in _jaxpr(attend, q, k, v, m)  # the kernel was faster
-  assert cpu.decisions()['attn 3x512x64 r3 rows<=1']['use'] == isa
+  assert cpu.decisions()['attn 3x512x64 r3 b1 t<=1']['use'] == isa
   timings['next'] = (3e-4, 2e-4)
   assert 'specjax_attention' not in _jaxpr(attend, q, k[:, :, :400], v[:, :, :400], m[..., :400])
   # A tiny cache stays with XLA untimed; a whole-forward policy overrides the measurement.
@@ -457,10 +462,38 @@ def test_attention_dispatch_is_measured_and_forced(fresh, monkeypatch):
   assert 'ffi_call' not in _jaxpr(
     attend, q[..., :16], k[:, :, :8, :16], v[:, :, :8, :16], m[..., :8]
   )
+  # A whole-forward policy being timed takes attention along, but no forward owns it: the
+  # target and its quantized draft attend over caches of one shape, and keep its own path.
   with cpu.forcing('xla') as seen:
     assert 'specjax_attention' not in _jaxpr(attend, q, k, v, m)
-  assert seen == {'attn 3x512x64 r3 rows<=1'}
+  assert not seen
+  cpu._state['chosen'] = {'attn 3x512x64 r3 b1 t<=1': ('target', 'xla')}
+  assert 'specjax_attention' in _jaxpr(attend, q, k, v, m)
   # The real timer runs both on this machine.
   monkeypatch.setattr(cpu, '_time_both', real_timer)
-  timed = cpu.measure_attention(3, 256, 64, 3, 2, isa, llama.xla_attention)
+  timed = cpu.measure_attention(2, 2, 3, 256, 64, 3, isa, llama.xla_attention)
   assert timed['kernel_us'] > 0 and timed['xla_us'] > 0
+
+
+def test_attention_splits_any_cache_over_many_threads():
+  """With 64 kernel threads a one-head cache of 4289 slots is split into 67 spans of 65;
+  a split that let a span start past the cache's end crashed there."""
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  isa = next(i for i in cpu.supported() if i != 'scalar') if len(cpu.supported()) > 1 else 'scalar'
+  code = (
+    'import jax, numpy as np\n'
+    'from specjax.kernels import cpu\n'
+    'from specjax.models import llama\n'
+    'from tests.test_kernels import _attention_case\n'
+    f'assert cpu.library({isa!r}) is not None\n'
+    'for s in (4289, 4353, 130, 64, 1):\n'
+    '  q, k, v, m = _attention_case(1, 2, 2, 1, s, 16, np.ones((1, 2, s), bool))\n'
+    f'  got = cpu._attention_call({isa!r}, 0.25, q, k, v, m)\n'
+    '  np.testing.assert_allclose(got, llama.xla_attention(q, k, v, m, 0.25), atol=1e-5)\n'
+    'print("ok")\n'
+  )
+  env = {**__import__('os').environ, 'SPECJAX_KERNEL_THREADS': '64'}
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env)
+  assert done.returncode == 0 and 'ok' in done.stdout, done.stderr[-2000:]

@@ -308,8 +308,8 @@ def init(config: AdaptiveConfig) -> ControlState:
   )
   if config.start_on:  # the draft starts in step with the prompt: no catch-up to pay
     ctrl = ctrl.replace(choice=_decide(config, jnp.int32(0), alpha(config, ctrl), False))
-  if config.probe_first:  # choose() probes at once if the controller starts off
-    ctrl = ctrl.replace(since_probe=ctrl.wait)
+  if config.probe_first:  # off at the start: the first iteration is a probe (no wait)
+    ctrl = ctrl.replace(wait=jnp.where(ctrl.choice == 0, 0, ctrl.wait).astype(jnp.int32))
   return ctrl
 
 
@@ -411,7 +411,10 @@ def update(
   tokens = 1.0 + s / jnp.maximum(jnp.sum(tried), 1)  # per row that drafted
   cost = jnp.asarray(config.costs + config.catch_up_cost, jnp.float32)[ran]
   paid = tokens > (1 + config.hysteresis) * cost
-  backoff = jnp.where(paid, config.probe_every, jnp.minimum(2 * ctrl.wait, config.max_wait))
+  # (The first probe, `probe_first`, ran after no wait: it waits probe_every either way.)
+  backoff = jnp.where(
+    paid, config.probe_every, jnp.clip(2 * ctrl.wait, config.probe_every, config.max_wait)
+  )
   wait = jnp.where(new != 0, config.probe_every, jnp.where(probed, backoff, ctrl.wait))
   return ctrl.replace(
     choice=new,

@@ -548,16 +548,19 @@ def path(kind: str, n: int, k: int, rows: int) -> str | None:
   return _dispatch(key, lambda isa: measure(kind, n, k, bucket(rows), isa))
 
 
-def _dispatch(key: str, timer) -> str | None:
+def _dispatch(key: str, timer, owned: bool = True) -> str | None:
   """The path of the product `key` under a forced path, the forward-level choice, or its
-  own measurement (`timer(isa)` -> {'kernel_us', 'xla_us'}, run once per machine)."""
+  own measurement (`timer(isa)` -> {'kernel_us', 'xla_us'}, run once per machine). A key
+  not `owned` by a forward (attention: the target and its quantized draft attend over
+  caches of one shape) follows a policy being timed but keeps its own measured path."""
   with _lock:
     isa = best_isa()
     if isa is None or not requested().startswith('auto'):
       return isa
     forced = _forcing.get()
-    policy = _state.get('chosen', {}).get(key, ('', 'auto'))[1] if forced is None else forced[0]
-    if forced is not None:
+    chosen = _state.get('chosen', {}) if owned else {}
+    policy = chosen.get(key, ('', 'auto'))[1] if forced is None else forced[0]
+    if forced is not None and owned:
       forced[1].add(key)
     if policy != 'auto':
       if forced is None:
@@ -730,19 +733,19 @@ def _attend_bwd(isa, scale, reference, residuals, g):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def measure_attention(g: int, s: int, h: int, r: int, rows: int, isa: str, reference) -> dict:
-  """Times the `isa` attention kernel and `reference` (XLA's) for `rows` queries per KV
-  head group against a half-full cache of s slots, each call on another layer's cache (as
+def measure_attention(b: int, t: int, g: int, s: int, h: int, r: int, isa: str, reference) -> dict:
+  """Times the `isa` attention kernel and `reference` (XLA's) for b rows of t queries per
+  query head against half-full caches of s slots, each call on another layer's cache (as
   a forward streams them): {'kernel_us', 'xla_us'} per call."""
   rng = np.random.default_rng(0)
-  copies = int(min(32, max(1, STREAM_BYTES // (2 * g * s * h * 4))))
-  q = jnp.asarray(rng.standard_normal((1, rows, g * r, h), np.float32))
+  copies = int(min(32, max(1, STREAM_BYTES // (2 * b * g * s * h * 4))))
+  q = jnp.asarray(rng.standard_normal((b, t, g * r, h), np.float32))
   caches = [
-    tuple(jnp.asarray(rng.standard_normal((1, g, s, h), np.float32)) for _ in range(2))
+    tuple(jnp.asarray(rng.standard_normal((b, g, s, h), np.float32)) for _ in range(2))
     for _ in range(copies)
   ]
-  seen = np.arange(s)[None, :] < s // 2 + np.arange(rows)[:, None]
-  mask = jnp.asarray(seen[None])
+  seen = np.arange(s)[None, :] < s // 2 + np.arange(t)[:, None]
+  mask = jnp.asarray(np.broadcast_to(seen, (b, t, s)))
   scale = h**-0.5
 
   def chain(attend):
@@ -780,7 +783,7 @@ def attention(q, k, v, mask, scale: float, reference) -> jax.Array | None:
     return None
   if requested().startswith('auto') and (rows > MAX_ROWS or g * s * h < MIN_CACHE):
     return None
-  r = n // g
-  key = f'attn {g}x{s}x{h} r{r} rows<={bucket(rows)}'
-  isa = _dispatch(key, lambda i: measure_attention(g, s, h, r, bucket(rows), i, reference))
+  r, tb = n // g, bucket(t)
+  key = f'attn {g}x{s}x{h} r{r} b{b} t<={tb}'
+  isa = _dispatch(key, lambda i: measure_attention(b, tb, g, s, h, r, i, reference), owned=False)
   return _attend(isa, float(scale), reference, q, k, v, mask) if isa else None

@@ -15,7 +15,8 @@
 // Slots no query sees are skipped. A query that sees no slot gets the mean of every value,
 // as XLA's softmax of equal (-1e30) scores gives. A NaN in a query, or in a key or value
 // it sees, makes its attention NaN, as in XLA (which also spreads a NaN in a slot no query
-// sees, through its zero weight: here such a slot is never read).
+// sees, through its zero weight: here such a slot is never read); so does a score that
+// overflowed to +-inf (XLA gives NaN for +inf, the unseen slots' mean for all -inf).
 //
 // The arithmetic of one query does not depend on the other queries or on T (the spans
 // depend only on B, G, S and the thread count): a one-row step and a five-row verification
@@ -68,13 +69,14 @@ void Scores(const float* q, const float* k, const int32_t* slots, int64_t m, int
   }
 }
 
-// x[j] = exp(x[j]) for x <= 0 (the scores less their maximum).
+// x[j] = exp(x[j]) for x <= 0 (the scores less their maximum); below -87 it is 0 on every
+// path (Exp8 flushes there), so the builds agree.
 void ExpInPlace(float* x, int64_t n) {
   int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, specjax::Exp8(_mm256_loadu_ps(x + j)));
 #endif
-  for (; j < n; ++j) x[j] = std::exp(x[j]);
+  for (; j < n; ++j) x[j] = x[j] < -87.f ? 0.f : std::exp(x[j]);
 }
 
 // acc[0:h] += w * v[0:h]
@@ -128,13 +130,13 @@ void Span(const float* q, const float* k, const float* v, const bool* mask, floa
         top = std::max(top, scores[j] *= d.scale);
         nan |= std::isnan(scores[j]);
       }
-      if (nan) {  // a NaN query or key: the query's attention is NaN, as in XLA's softmax
+      if (nan || !std::isfinite(top)) {  // NaN, or an overflowed score: NaN, as in XLA
         out[0] = 0.f;
         out[1] = NAN;
         std::fill(acc, acc + d.h, NAN);
         continue;
       }
-      for (int64_t j = 0; j < m; ++j) scores[j] = std::max(scores[j] - top, -100.f);
+      for (int64_t j = 0; j < m; ++j) scores[j] -= top;
       ExpInPlace(scores.data(), m);
       float sum = 0.f;
       for (int64_t j = 0; j < m; ++j) {
@@ -165,7 +167,8 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
   const int64_t heads = b_dim * d.g;
   const int64_t want = (2 * specjax::SpinPool::Get().threads() + heads - 1) / heads;
   d.spans = std::max<int64_t>(1, std::min<int64_t>(want, d.s / kMinSpan));
-  d.span = (d.s + d.spans - 1) / d.spans;
+  d.span = std::max<int64_t>(1, (d.s + d.spans - 1) / d.spans);
+  d.spans = std::max<int64_t>(1, (d.s + d.span - 1) / d.span);  // no span starts past S
   const int64_t rows = d.t * d.r, width = d.h + 2;
   std::vector<float> parts(heads * d.spans * rows * width);
   const float* qp = q.typed_data();
