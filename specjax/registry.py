@@ -13,9 +13,9 @@ module imports only core and any layer may look a name up. Adding a drafter kind
 file (a `DraftKind`: usage, parse, build) plus one line in DRAFTS.
 
 Draft specs use the one grammar KIND[:ARG,...,KEY=VALUE,...] (`ngram:3-8`,
-`layers:0-11,20-29`, `consensus:8,k=4`, `distilled:DIR`); a spec whose kind is not a
-registered name is a distilled draft directory, or else a model (an asset name, a .gguf
-file, a Hugging Face directory) with the target's vocabulary.
+`layers:0-11,20-29`, `consensus:8,k=4`, `distilled:DIR`, `multilevel:quantized,ngram,k=3`);
+a spec whose kind is not a registered name is a distilled draft directory, or else a model
+(an asset name, a .gguf file, a Hugging Face directory) with the target's vocabulary.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ DRAFTS = Registry(
     'eagle': 'specjax.drafters.eagle:EAGLE',
     'consensus': 'specjax.drafters.consensus:CONSENSUS',
     'quantized': 'specjax.drafters.model:QUANTIZED',
+    'multilevel': 'specjax.drafters.multilevel:MULTILEVEL',
     'model': 'specjax.drafters.model:MODEL',  # any other spec: a model path
   },
 )

@@ -7,17 +7,15 @@ draft tokens, the cache is valid up to exactly that point, so a rollback is only
 setting lengths = prompt + emitted - 2, whatever k was (all gamma kept included).
 
 Under adaptive control some iterations are plain target steps that skip the draft, so
-the draft cache falls behind. A drafter made with `resync=W` then first feeds the
-missing tokens (up to W of them, in one chunk of 16, 32, ... tokens, the smallest that
-covers the lag, only on iterations where a row lags), so drafting resumes from a
-complete cache. The cache length always records
+the draft cache falls behind. A drafter made with `resync=W` (W > 0) then first feeds the
+missing tokens, 16 at a time, only on iterations where a row lags, so drafting resumes
+from a complete cache. The cache length always records
 how far the cache is actually filled, so the lag is known without extra state.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +43,9 @@ def last_two_tokens(draft_state: ModelDraftState, state) -> jax.Array:
   return jnp.stack([prev, state.last_tokens], axis=1)
 
 
+CATCH_UP = 16  # tokens a catch-up forward feeds (ModelDrafter.caught_up)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter(Drafter):
   """Drafts with a model `cfg` of any family (params passed separately).
@@ -57,7 +58,7 @@ class ModelDrafter(Drafter):
   cfg: llama.LlamaConfig
   name: str = 'draft model'
   layers: tuple[int, ...] | None = None
-  resync: int = 0  # the most skipped tokens a proposal catches up on (0: never behind)
+  resync: int = 0  # > 0: a proposal first catches up on tokens skipped by plain steps
 
   def __post_init__(self):
     if self.layers is not None and (
@@ -89,46 +90,40 @@ class ModelDrafter(Drafter):
     """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
     return self.cfg.family.forward(params, tokens, cache, self.cfg, self.layers)
 
-  def _catch_up(self, params, draft_state, state, window: int):
-    """Feeds (window + 2) tokens from the filled length on; returns (last logits, cache)."""
-    w = window + 2
-    pos = state.prompt_lens + state.num_generated  # context length
-    start = jnp.maximum(draft_state.cache.lengths, pos - w)  # lag > W leaves a hole (lossless)
-    absolute = start[:, None] + jnp.arange(w)
-    emitted = jnp.take_along_axis(
-      state.tokens,
-      jnp.clip(absolute - state.prompt_lens[:, None], 0, state.tokens.shape[1] - 1),
-      axis=1,
-    )
-    chunk = jnp.where(
-      absolute == state.prompt_lens[:, None] - 1, draft_state.last_prompt_token[:, None], emitted
-    )
-    logits, cache = self.forward(params, chunk, draft_state.cache.with_lengths(start))
-    logits = jnp.take_along_axis(logits, (pos - 1 - start)[:, None, None], axis=1)[:, 0]
-    return logits, cache.with_lengths(pos)
+  def caught_up(self, params, draft_state, state) -> KVCache:
+    """The draft cache holding the whole text but its last two tokens, every row (after
+    plain steps that skipped the draft under adaptive control, `resync`): forwards of
+    CATCH_UP tokens in a while_loop, none when no row lags. Not a lax.switch between a
+    catch-up and the in-step path: XLA copies a cache through a branch, and that copy cost
+    a quantized draft's every proposal 5% (issue 27)."""
+    want = state.prompt_lens + state.num_generated - 2  # the filled length in step
+    w = CATCH_UP
+
+    def feed(cache):
+      start = jnp.minimum(cache.lengths, want)  # rows in step refeed, then stay at `want`
+      absolute = start[:, None] + jnp.arange(w)
+      emitted = jnp.take_along_axis(
+        state.tokens,
+        jnp.clip(absolute - state.prompt_lens[:, None], 0, state.tokens.shape[1] - 1),
+        axis=1,
+      )
+      chunk = jnp.where(
+        absolute == state.prompt_lens[:, None] - 1, draft_state.last_prompt_token[:, None], emitted
+      )
+      _, cache = self.cfg.family.forward_hidden(
+        params, chunk, cache.with_lengths(start), self.cfg, self.layers
+      )
+      return cache.with_lengths(jnp.minimum(start + w, want))
+
+    return jax.lax.while_loop(lambda c: jnp.any(c.lengths < want), feed, draft_state.cache)
 
   def first_logits(self, params, draft_state, state):
-    """The draft's logits after the last emitted token, and its cache filled up to it.
-
-    Feeds the last two tokens (see the module docstring), or with `resync`, when a row
-    lags behind after plain steps, the missing tokens too.
-    """
-
-    def in_step(_):
-      logits, cache = self.forward(params, last_two_tokens(draft_state, state), draft_state.cache)
-      return logits[:, -1], cache
-
-    if not self.resync:
-      return in_step(None)
-    # Chunks of 16, 32, ... up to `resync` missing tokens: the smallest that covers the lag.
-    windows = [16 << i for i in range(8) if 16 << i < self.resync] + [self.resync]
-    lag = jnp.max(state.prompt_lens + state.num_generated - 2 - draft_state.cache.lengths)
-    branch = jnp.where(lag > 0, 1 + jnp.sum(lag > jnp.asarray(windows[:-1])), 0)
-    catch_ups = [
-      functools.partial(lambda w, _: self._catch_up(params, draft_state, state, w), w)
-      for w in windows
-    ]
-    return jax.lax.switch(branch, [in_step, *catch_ups], None)
+    """The draft's logits after the last emitted token, and its cache filled up to it:
+    feeds the last two tokens (see the module docstring), with `resync` after catching up
+    on any the draft skipped."""
+    cache = self.caught_up(params, draft_state, state) if self.resync else draft_state.cache
+    logits, cache = self.forward(params, last_two_tokens(draft_state, state), cache)
+    return logits[:, -1], cache
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     logits, cache = self.first_logits(params, draft_state, state)

@@ -34,6 +34,7 @@ from specjax.data import prompts as prompts_lib
 from specjax.data import specbench
 from specjax.decode.engine import Engine, NonFiniteLogits
 from specjax.drafters import ModelDrafter
+from specjax.drafters.multilevel import MultiLevelDrafter
 from specjax.harness import report, run_config, verdict
 from specjax.models import sharding as sharding_lib
 
@@ -205,10 +206,12 @@ def tune_kernels(config, engines, methods, trees_of, cache_size: int, say, quick
     'target': costs_lib.tune_forwards(base.params, base.cfg, batch, rows, cache_size, repeats)
   }
   for spec in drafted:
-    drafter, params = engines[spec].drafter, engines[spec].draft_params
+    drafter, params, rows = engines[spec].drafter, engines[spec].draft_params, (1, 2)
+    if isinstance(drafter, MultiLevelDrafter):  # the upper model scores k + 2 rows a round
+      drafter, params, rows = drafter.upper, params['upper'], (drafter.k + 2,)
     if isinstance(drafter, ModelDrafter) and params is not None:
       found[spec] = costs_lib.tune_forwards(
-        params, drafter.cfg, batch, (1, 2), cache_size, repeats, drafter.forward, 'draft'
+        params, drafter.cfg, batch, rows, cache_size, repeats, drafter.forward, 'draft'
       )
   found = {name: rows for name, rows in found.items() if rows}
   if found:

@@ -1,0 +1,175 @@
+"""Multi-level speculation (specjax/drafters/multilevel.py): a draft model whose own tokens
+are drafted by a lower level and checked by it. Its proposals must be exact samples of the
+upper model (whatever the lower level proposes), and greedy decoding must equal the
+target's."""
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import registry, testing, verify
+from specjax.control import adaptive
+from specjax.core.sampling import SamplingConfig
+from specjax.decode.engine import Engine
+from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
+from specjax.drafters import multilevel as ml
+from specjax.verify import common
+from tests import test_speculative as spec
+
+PROMPTS = [
+  [3, 1, 4, 1, 5, 3, 1, 4],
+  [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3],
+  [7],
+  [2, 7, 1, 8, 2, 8],
+]
+
+
+@pytest.fixture(scope='module')
+def target():
+  return testing.tiny_model(seed=3, n_layers=3)
+
+
+def levels(target, lower: str, k: int = 3):
+  """A multilevel drafter over the target's first two layers, and its parameters."""
+  cfg, params = target
+  upper_cfg, upper = truncated_target(cfg, params, 2)
+  if lower == 'ngram':
+    low, low_params = NgramDrafter(cfg.vocab_size), None
+  elif lower == 'one layer':
+    low_cfg, low_params = truncated_target(cfg, params, 1)
+    low = ModelDrafter(low_cfg)
+  else:  # three levels: the one-layer model drafted by prompt lookup
+    low_cfg, low_params = truncated_target(cfg, params, 1)
+    low = ml.MultiLevelDrafter(ModelDrafter(low_cfg), NgramDrafter(cfg.vocab_size), k=2)
+    low_params = {'upper': low_params, 'lower': None}
+  drafter = ml.MultiLevelDrafter(ModelDrafter(upper_cfg), low, k=k)
+  return drafter, {'upper': upper, 'lower': low_params}
+
+
+LOWERS = ['ngram', 'one layer', 'three levels']
+
+
+@pytest.mark.parametrize('lower', LOWERS)
+def test_multilevel_greedy_equals_target_greedy(target, lower):
+  cfg, params = target
+  drafter, draft_params = levels(target, lower)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
+  reference = engine.generate(PROMPTS, 20).tokens
+  for gamma in (1, 2, 5):
+    out = engine.generate(PROMPTS, 20, gamma=gamma, verifier='greedy')
+    assert out.tokens == reference, gamma
+  jumpy = adaptive.AdaptiveConfig(
+    gammas=(2, 4), draft_cost=(0.3, 0.6), prior_alpha=0.0, hysteresis=0.0, probe_every=2,
+    start_on=False, decay=0.5,
+  )  # fmt: skip
+  out = engine.generate(PROMPTS, 20, adaptive=jumpy, verifier='greedy')
+  assert out.tokens == reference
+  assert {0} < {d for row in out.drafted for d in row}  # plain steps and drafts both ran
+
+
+def _keep_everything(p, q, draft, key):
+  """An outer verifier that keeps every draft token: the output is the proposals."""
+  del q, key
+  return jnp.full(draft.shape[:1], draft.shape[1], jnp.int32), jnp.argmax(p[:, -1], axis=-1)
+
+
+@pytest.fixture
+def keep_everything(monkeypatch):
+  monkeypatch.setitem(
+    registry.VERIFIERS.table, 'keep', verify.Verifier('keep', _keep_everything, None)
+  )
+
+
+def _proposals(upper, lower, sampling, seed=0):
+  """N continuations of 3 tokens: the first from the target (the upper model itself), the
+  next two proposed by the multilevel drafter and all kept by the outer verifier, so they
+  are distributed as its proposals."""
+  (cfg, params), (low_cfg, low_params) = upper, lower
+  drafter = ml.MultiLevelDrafter(ModelDrafter(cfg), ModelDrafter(low_cfg), k=2)
+  engine = Engine(
+    params, cfg, eos_id=-1, cache_size=16, drafter=drafter,
+    draft_params={'upper': params, 'lower': low_params},
+  )  # fmt: skip
+  out = engine.generate([spec.PROMPT] * spec.N, 3, sampling, seed=seed, gamma=2, verifier='keep')
+  return np.array(out.tokens)
+
+
+@pytest.mark.parametrize('sampling', spec.SAMPLINGS, ids=['t1', 't0.7-k5-p0.9'])
+def test_multilevel_proposals_are_exact_samples_of_the_upper_model(keep_everything, sampling):
+  """The upper model's distribution over 3 tokens against 30,000 proposals, with a lower
+  model that disagrees with it (another random model)."""
+  upper = testing.tiny_model(seed=21, vocab_size=spec.VOCAB, n_layers=2, scale=0.3)
+  lower = testing.tiny_model(seed=22, vocab_size=spec.VOCAB, n_layers=1, scale=0.3)
+  probs = spec.exact_continuations(*upper, sampling)
+  assert spec.chi_square_pvalue(_proposals(upper, lower, sampling), probs) > 1e-3
+
+
+def test_the_exactness_test_catches_a_multilevel_drafter_that_keeps_every_lower_token(
+  keep_everything, monkeypatch
+):
+  def keep_all(p, q, draft):
+    ones = jnp.ones(draft.shape, p.dtype)
+    return common.Plan(thresholds=ones, residuals=p, rule='first_failure')
+
+  monkeypatch.setattr(ml, 'rejection', types.SimpleNamespace(rejection_plan=keep_all))
+  upper = testing.tiny_model(seed=21, vocab_size=spec.VOCAB, n_layers=2, scale=0.3)
+  lower = testing.tiny_model(seed=22, vocab_size=spec.VOCAB, n_layers=1, scale=0.3)
+  probs = spec.exact_continuations(*upper, SamplingConfig(temperature=1.0))
+  samples = _proposals(upper, lower, SamplingConfig(temperature=1.0))
+  assert spec.chi_square_pvalue(samples, probs) < 1e-6
+
+
+def test_multilevel_sampling_matches_the_target():
+  """The whole method at temperature 1: the target's exact distribution."""
+  target = testing.tiny_model(seed=21, vocab_size=spec.VOCAB, n_layers=2, scale=0.3)
+  upper = testing.tiny_model(seed=22, vocab_size=spec.VOCAB, n_layers=1, scale=0.3)
+  lower = testing.tiny_model(seed=23, vocab_size=spec.VOCAB, n_layers=1, scale=0.3)
+  sampling = SamplingConfig(temperature=1.0)
+  drafter = ml.MultiLevelDrafter(ModelDrafter(upper[0]), ModelDrafter(lower[0]), k=2)
+  engine = Engine(
+    target[1], target[0], eos_id=-1, cache_size=16, drafter=drafter,
+    draft_params={'upper': upper[1], 'lower': lower[1]},
+  )  # fmt: skip
+  out = engine.generate([spec.PROMPT] * spec.N, 3, sampling, seed=1, gamma=2)
+  probs = spec.exact_continuations(*target, sampling)
+  assert spec.chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
+
+
+def test_multilevel_specs_are_checked_before_anything_loads():
+  kind, settings = registry.parse_draft('multilevel:quantized,ngram:2-4,k=4')
+  assert kind is ml.MULTILEVEL and settings[2] == 4 and settings[0] == ('quantized', 'ngram:2-4')
+  for bad, match in [
+    ('multilevel:quantized', 'multilevel:<upper'),
+    ('multilevel:quantized,ngram,k=0', 'k >= 1'),
+    ('multilevel:quantized,ngram,j=2', 'multilevel:<upper'),
+    ('multilevel:ngram,quantized', 'must be a draft model'),
+    ('multilevel:quantized,nonsense:3', 'nonsense'),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      registry.parse_draft(bad)
+
+
+def test_the_rounds_formula_equals_a_simulation_of_the_rounds():
+  from specjax.control import cost_model  # noqa: PLC0415
+
+  rng = np.random.default_rng(0)
+  for alpha, k, gamma in [(0.0, 3, 4), (1.0, 3, 4), (1.0, 2, 7), (0.6, 3, 5), (0.9, 7, 8)]:
+    rounds = []
+    for _ in range(4000):
+      filled, n = 0, 0
+      while filled < gamma:
+        kept = 0
+        while kept < k and rng.random() < alpha:
+          kept += 1
+        filled, n = filled + kept + 1, n + 1
+      rounds.append(n)
+    got = cost_model.multilevel_rounds(alpha, k, gamma)
+    assert abs(got - np.mean(rounds)) < 0.05, (alpha, k, gamma, got, np.mean(rounds))
+  assert cost_model.multilevel_rounds(0.0, 3, 4) == 4
+  assert (
+    cost_model.multilevel_rounds(1.0, 3, 4) == 1 and cost_model.multilevel_rounds(1.0, 2, 7) == 3
+  )
+  # A perfect lower level at k = 3: gamma 4 in one round of 5 rows.
+  assert cost_model.multilevel_speedup(1.0, 4, 1.0, 3, 0.4, 1.3) == pytest.approx(5 / 1.7)
