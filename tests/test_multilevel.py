@@ -140,8 +140,15 @@ def test_multilevel_sampling_matches_the_target():
 def test_multilevel_specs_are_checked_before_anything_loads():
   kind, settings = registry.parse_draft('multilevel:quantized,ngram:2-4,k=4')
   assert kind is ml.MULTILEVEL and settings[2] == 4 and settings[0] == ('quantized', 'ngram:2-4')
+  # '+' separates levels inside a method list (whose methods a comma separates); deeper
+  # chains nest: the lower level of a three-level chain is multilevel itself.
+  _, settings = registry.parse_draft('multilevel:quantized+truncated:2+ngram')
+  assert settings[0] == ('quantized', 'multilevel:truncated:2+ngram')
+  assert settings[1][1][0] is ml.MULTILEVEL
   for bad, match in [
     ('multilevel:quantized', 'multilevel:<upper'),
+    ('multilevel:quantized+', 'multilevel:<upper'),
+    ('multilevel:ngram+quantized', 'must be a draft model'),
     ('multilevel:quantized,ngram,k=0', 'k >= 1'),
     ('multilevel:quantized,ngram,j=2', 'multilevel:<upper'),
     ('multilevel:ngram,quantized', 'must be a draft model'),

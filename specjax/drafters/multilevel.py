@@ -160,8 +160,9 @@ class MultiLevelDrafter(Drafter):
 # ---- the registry's kind: multilevel:UPPER,LOWER[,k=K] ---------------------------------
 
 MULTILEVEL_USAGE = (
-  'multilevel:<upper draft model>,<lower draft>[,k=<lower tokens per round>] '
-  '(e.g. multilevel:quantized,ngram or multilevel:quantized,ngram:2-4,k=4)'
+  'multilevel:<upper draft model>,<lower draft>[,k=<lower tokens per round>] or, deeper and '
+  'inside a method list, multilevel:<upper>+<middle>+...+<lowest> (e.g. '
+  'multilevel:quantized,ngram, multilevel:quantized+ngram@4, multilevel:quantized,ngram:2-4,k=4)'
 )
 
 
@@ -169,7 +170,8 @@ def _parse(spec) -> tuple[Any, Any, int]:
   from specjax import registry  # noqa: PLC0415 - the registry names every draft kind
 
   options = dict(spec.options)
-  if len(spec.args) != 2 or set(options) - {'k'}:
+  levels = spec.args[0].split('+') if len(spec.args) == 1 else list(spec.args)
+  if len(levels) < 2 or (len(spec.args) > 2) or set(options) - {'k'} or not all(levels):
     raise spec.error(MULTILEVEL_USAGE)
   try:
     k = int(options.get('k', 3))
@@ -177,13 +179,15 @@ def _parse(spec) -> tuple[Any, Any, int]:
     raise spec.error(MULTILEVEL_USAGE) from None
   if k < 1:
     raise spec.error(MULTILEVEL_USAGE + ' with k >= 1')
-  upper, lower = (registry.parse_draft(a) for a in spec.args)
+  # Deeper chains: the lower level is itself multilevel over the rest.
+  texts = (levels[0], levels[1] if len(levels) == 2 else 'multilevel:' + '+'.join(levels[1:]))
+  upper, lower = (registry.parse_draft(a) for a in texts)
   if upper[0] in [registry.DRAFTS.get(n) for n in ('ngram', 'consensus', 'eagle', 'multilevel')]:
     raise spec.error(
-      f'{MULTILEVEL_USAGE}: the upper level {spec.args[0]!r} must be a draft model (quantized, '
+      f'{MULTILEVEL_USAGE}: the upper level {levels[0]!r} must be a draft model (quantized, '
       'layers, truncated, distilled or a model path)'
     )
-  return spec.args, (upper, lower), k
+  return texts, (upper, lower), k
 
 
 def _build(settings, target, dtype):
