@@ -535,13 +535,20 @@ def held_elsewhere(model: str, products) -> bool:
   return bool(products) and all(chosen.get(k, (model,))[0] != model for k in products)
 
 
+def _may_run(rows: int, size: int, floor: int) -> bool:
+  """Whether a kernel may run an operation of `rows` rows over `size` weights (or cache
+  entries): only on one CPU device, and under measured dispatch only for at most MAX_ROWS
+  rows and `floor` or more of them (smaller ones cost more in a call than they save)."""
+  if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
+    return False
+  return not requested().startswith('auto') or (rows <= MAX_ROWS and size >= floor)
+
+
 def path(kind: str, n: int, k: int, rows: int) -> str | None:
   """The instruction set whose kernel runs this product, or None for XLA's (trace time)."""
-  if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
+  if not _may_run(rows, n * k, MIN_WEIGHTS):
     return None
   auto = requested().startswith('auto')
-  if auto and (rows > MAX_ROWS or n * k < MIN_WEIGHTS):
-    return None
   if auto and kind in ('nk', 'kn') and os.environ.get('SPECJAX_CPU_FLOAT_KERNELS') == '0':
     return None  # float32 products on XLA, untimed (see SPECJAX_CPU_FLOAT_KERNELS above)
   key = f'{kind} {n}x{k} rows<={bucket(rows)}'
@@ -776,12 +783,7 @@ def attention(q, k, v, mask, scale: float, reference) -> jax.Array | None:
   g, s = int(k.shape[1]), int(k.shape[2])
   if k.shape[0] != b or k.shape[3] != h or n % g or mask.shape != (b, t, s):
     return None
-  rows = b * t
-  if rows < 1 or jax.default_backend() != 'cpu' or jax.device_count() != 1:
-    return None
-  if os.environ.get('SPECJAX_CPU_ATTENTION') == '0':
-    return None
-  if requested().startswith('auto') and (rows > MAX_ROWS or g * s * h < MIN_CACHE):
+  if not _may_run(b * t, g * s * h, MIN_CACHE) or os.environ.get('SPECJAX_CPU_ATTENTION') == '0':
     return None
   r, tb = n // g, bucket(t)
   key = f'attn {g}x{s}x{h} r{r} b{b} t<={tb}'
