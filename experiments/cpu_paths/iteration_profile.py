@@ -131,15 +131,16 @@ def main(argv):
     'target MB': sum(a.nbytes for a in jax.tree_util.tree_leaves(tp)) / 1e6,
     'draft MB': sum(a.nbytes for a in jax.tree_util.tree_leaves(dp)) / 1e6,
   }
+  target_mb, draft_mb = weights['target MB'], weights['draft MB']
   results = {'provenance': provenance.provenance(), 'stream_gb_s': gbs, 'prompt_tokens': len(prompt), **weights}
   lines = [
     f'# One decoding iteration, op by op ({FLAGS.value}, {PROMPTS.value} prompt 1, '
     f'{len(prompt)} prompt tokens, {TOKENS.value} new)',
     '',
     f'CPU: {results["provenance"]["machine"]}; this machine streams '
-    f'{gbs:.1f} GB/s (kernels.cpu.stream_sum over the target's {weights['target MB']:.0f} MB, mean '
-    f'of 5): a forward that reads every weight once takes at least '
-    f'{weights['target MB'] / gbs:.1f} ms (target) and {weights['draft MB'] / gbs:.1f} ms (draft).',
+    f'{gbs:.1f} GB/s (kernels.cpu.stream_sum over the target\'s {target_mb:.0f} MB, mean of '
+    f'5): a forward that reads every weight once takes at least {target_mb / gbs:.1f} ms '
+    f'(target) and {draft_mb / gbs:.1f} ms (draft, {draft_mb:.0f} MB).',
     '',
   ]
   for name, gm in (('autoregressive', 0), (FLAGS.value, g)):

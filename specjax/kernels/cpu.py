@@ -377,8 +377,8 @@ def _operands(kind: str, n: int, k: int, rows: int, copies: int = 1):
       continue
     width = 16 if kind == 'q4_1' else 32
     qs = jnp.asarray(rng.integers(0, 256, (n, k // 32, width), dtype=np.uint8))
-    d = jnp.asarray(rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float32))
-    m = jnp.asarray(rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float32))
+    d = jnp.asarray(rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float16))
+    m = jnp.asarray(rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float16))
     weights.append((qs, d, m if kind == 'q4_1' else jnp.zeros_like(m)))
   return x, weights
 
@@ -401,7 +401,7 @@ def measure(kind: str, n: int, k: int, rows: int, isa: str) -> dict:
   """Times the `isa` kernel and XLA's product for one shape, each streaming its weights
   from memory as a forward does (copies of the weight, STREAM_BYTES in all):
   {'kernel_us', 'xla_us'} per product."""
-  per_weight = 4 if kind in ('nk', 'kn') else (20 / 32 if kind == 'q4_1' else 36 / 32)
+  per_weight = 4 if kind in ('nk', 'kn') else (20 / 32 if kind == 'q4_1' else 34 / 32)
   copies = int(min(32, max(1, STREAM_BYTES // max(1, n * k * per_weight))))
   args = _operands(kind, n, k, rows, copies)
   kernel = _chain(lambda *a: _call(kind, isa, *a))
@@ -629,7 +629,8 @@ def _xla_product(kind: str, x, *w):
     q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
   else:
     q = qs.astype(jnp.float32) - 128.0
-  rows = (q * d[..., None] + m[..., None]).reshape(qs.shape[0], -1)
+  scale, offset = d[..., None].astype(jnp.float32), m[..., None].astype(jnp.float32)
+  rows = (q * scale + offset).reshape(qs.shape[0], -1)
   return jnp.einsum('...K,NK->...N', x, rows)
 
 

@@ -40,8 +40,8 @@ class BlockWeight:
 
   qs: uint8 [rows, K/32, 16] for q4_1 (low nibble: value j, high nibble: value j + 16)
     or [rows, K/32, 32] for q8_0 (the int8 value + 128, so every byte is unsigned for
-    the kernel's integer dots); d, m: float32
-    [rows, K/32] (m is zero for q8_0). `transposed`: the parameter tree's array is the
+    the kernel's integer dots); d, m: float16 [rows, K/32] as GGUF stores them (m is zero
+    for q8_0). `transposed`: the parameter tree's array is the
     transpose (K, rows), as for a layer weight stored (in, out); False for an embedding.
   """
 
@@ -79,7 +79,7 @@ class BlockWeight:
       q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
     else:
       q = qs.astype(jnp.float32) - 128.0
-    w = q * d[..., None] + m[..., None]
+    w = q * d[..., None].astype(jnp.float32) + m[..., None].astype(jnp.float32)
     return w.reshape(*w.shape[:-2], -1)
 
   def expand(self) -> jax.Array:
@@ -147,9 +147,9 @@ def from_gguf(
   blocks = np.ascontiguousarray(data).reshape(data.shape[0], k // BLOCK, header + FORMATS[fmt])
   if row_order is not None:
     blocks = blocks[row_order]
-  d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+  d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
   if fmt == 'q4_1':
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
     qs = np.ascontiguousarray(blocks[..., header:])
   else:
     m = np.zeros_like(d)
@@ -166,8 +166,8 @@ def quantize_q8_0(w: Any, transposed: bool = True) -> BlockWeight:
   if k % BLOCK:
     raise ValueError(f'q8_0 needs the contracting dimension to be a multiple of 32, got {k}')
   blocks = rows.reshape(n, k // BLOCK, BLOCK)
-  d = (np.abs(blocks).max(-1) / 127.0).astype(np.float16).astype(np.float32)
-  safe = np.where(d > 0, d, 1.0)[..., None]
+  d = (np.abs(blocks).max(-1) / 127.0).astype(np.float16)
+  safe = np.where(d > 0, d.astype(np.float32), 1.0)[..., None]
   qs = (np.clip(np.round(blocks / safe), -127, 127) + 128).astype(np.uint8)
   return BlockWeight(qs=qs, d=d, m=np.zeros_like(d), fmt='q8_0', transposed=transposed)
 
