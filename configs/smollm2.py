@@ -48,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # SmolLM2 that ships with specjax ('eagle': it drafts from the target's own hidden
   # states; the tiny model uses its first layer, 'truncated:1'), and the target itself in
   # its GGUF file's q4_1 blocks with 8-bit products ('quantized': the best-paying draft on
-  # this CPU, at long drafts: --config.gammas='(4, 8)'). Each draft runs at every
+  # this CPU, at long drafts: --config.gammas='(4, 8)', and its adaptive method). Each draft runs at every
   # gamma in `gammas`, and adaptively (gamma chosen every iteration among 0 and
   # `adaptive_gammas` from the measured costs and the acceptance seen so far).
   # More drafts: 'distilled' (the distilled draft model), 'truncated:K', 'layers:...'
@@ -58,7 +58,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.verifier = 'rejection'  # rejection, block, or greedy (temperature 0 only)
   # Fixed draft lengths, or --config.gammas='(1, 2, 4, 8)'; the feature head is best at 2.
   c.gammas = (1, 2, 4, 8) if args.sweep else (4,) if args.tiny else (2, 4)
-  c.adaptive_gammas = (1, 2, 4)  # () runs no adaptive methods
+  # Settings adaptive control chooses among (() runs no adaptive methods). 8: the quantized
+  # draft pays best at 8 on this project's CPU (quantized@8 1.92x on HumanEval, 1.76x on
+  # MT-bench; BENCHMARKS.md, issue 29), so its adaptive method may go there too.
+  c.adaptive_gammas = (1, 2, 4) if args.tiny else (1, 2, 4, 8)
   # Token trees each draft also runs, verified in one target forward (specjax/core/tree.py):
   # 'dynamic:SIZE-DEPTH-WIDTH' (EAGLE-2's dynamic tree; for prompt lookup a trie of WIDTH
   # earlier matches) or a static shape such as '4x2x1x1' (draft models and the head).

@@ -43,12 +43,14 @@ from absl import app, flags  # noqa: E402
 from specjax import config_lib  # noqa: E402
 from specjax.bench import costs, provenance  # noqa: E402
 from specjax.checkpoints import loader  # noqa: E402
+from specjax.control.adaptive import AdaptiveConfig  # noqa: E402
 from specjax.data import prompts as prompts_lib  # noqa: E402
 from specjax.decode.engine import Engine  # noqa: E402
 from specjax.drafters import model as model_drafters  # noqa: E402
 from specjax.kernels import cpu as cpu_kernels  # noqa: E402
 
-FLAGS = flags.DEFINE_string('method', 'quantized@4', 'quantized@<gamma>')
+FLAGS = flags.DEFINE_string('method', 'quantized@4', 'quantized@<gamma> or quantized@adaptive')
+GAMMAS = flags.DEFINE_list('adaptive_gammas', ['1', '2', '4', '8'], 'the adaptive arms')
 PROMPTS = flags.DEFINE_string('prompts', 'humaneval', 'a prompt set; its first prompt is decoded')
 OUT = flags.DEFINE_string('out', 'experiments/cpu_paths/iteration_profile', 'output folder')
 TOKENS = flags.DEFINE_integer('max_new_tokens', 128, 'new tokens')
@@ -69,9 +71,13 @@ def _hlo(module_text: str) -> dict[str, tuple[str, str]]:
   return out
 
 
-def _profile(engine, prompt, gamma: int) -> tuple[dict, float, int]:
+def _profile(engine, prompt, gamma: int, adaptive=None) -> tuple[dict, float, int]:
   """{(what, shape): [ms per iteration, ops per iteration]}, ms per iteration, iterations."""
-  run = lambda: engine.generate([prompt], max_new_tokens=TOKENS.value, gamma=gamma, verifier='greedy')  # noqa: E731
+  def run():
+    return engine.generate(
+      [prompt], max_new_tokens=TOKENS.value, gamma=gamma, verifier='greedy', adaptive=adaptive
+    )
+
   run()
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d, create_perfetto_trace=True):
@@ -106,15 +112,29 @@ def _group(what: str) -> str:
 def main(argv):
   del argv
   kind, _, gamma = FLAGS.value.partition('@')
-  if kind != 'quantized' or not gamma.isdigit():
-    sys.exit(f'--method: quantized@<gamma>, got {FLAGS.value!r}')
+  if kind != 'quantized' or not (gamma.isdigit() or gamma == 'adaptive'):
+    sys.exit(f'--method: quantized@<gamma> or quantized@adaptive, got {FLAGS.value!r}')
   out = pathlib.Path(OUT.value)
   out.mkdir(parents=True, exist_ok=True)
   config = config_lib.load_config(pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'smollm2.py')
   model = loader.load_model(config.model, config.dtype)
   drafter, dparams = model_drafters.QUANTIZED.build('auto', model, config.dtype)
   tp, dp, cfg = jax.device_put(model.params), jax.device_put(dparams), model.cfg
-  g = int(gamma)
+  adaptive = None
+  if gamma == 'adaptive':  # the run's costs, measured here as the harness does
+    arms = tuple(int(a) for a in GAMMAS.value)
+    costs.tune_forwards(tp, cfg, 1, [1, *(a + 1 for a in arms)], CACHE)
+    costs.tune_forwards(dp, drafter.cfg, 1, [1, 2], CACHE, forward=drafter.forward, name='draft')
+    drafts = {'q': (drafter, dp, arms)}
+    _, measured = costs.measure_drafts(tp, cfg, drafts, 1, CACHE)
+    c = measured['q']
+    adaptive = AdaptiveConfig(
+      gammas=arms,
+      draft_cost=tuple(c.units(a)[0] for a in arms),
+      verify_cost=tuple(c.units(a)[1] for a in arms),
+      catch_up_cost=c.c,
+    )
+  g = max(int(a) for a in GAMMAS.value) if adaptive else int(gamma)
   costs.tune_forwards(tp, cfg, 1, [1, g + 1], CACHE)
   costs.tune_forwards(dp, drafter.cfg, 1, [1, 2], CACHE, forward=drafter.forward, name='draft')
   engine = Engine(tp, cfg, eos_id=-1, cache_size=CACHE, drafter=drafter, draft_params=dp)
@@ -143,8 +163,8 @@ def main(argv):
     f'(target) and {draft_mb / gbs:.1f} ms (draft, {draft_mb:.0f} MB).',
     '',
   ]
-  for name, gm in (('autoregressive', 0), (FLAGS.value, g)):
-    ops, ms, steps = _profile(engine, prompt, gm)
+  for name, gm, ad in (('autoregressive', 0, None), (FLAGS.value, g, adaptive)):
+    ops, ms, steps = _profile(engine, prompt, gm, ad)
     total = sum(v[0] for v in ops.values())
     results[name] = {
       'ms_per_iteration': ms,
