@@ -48,9 +48,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # SmolLM2 that ships with specjax ('eagle': it drafts from the target's own hidden
   # states; the tiny model uses its first layer, 'truncated:1'), and the target itself in
   # its GGUF file's q4_1 blocks with 8-bit products ('quantized': the best-paying draft on
-  # this CPU, at long drafts: --config.gammas='(4, 8)', and its adaptive method). Each draft runs at every
-  # gamma in `gammas`, and adaptively (gamma chosen every iteration among 0 and
-  # `adaptive_gammas` from the measured costs and the acceptance seen so far).
+  # this CPU, at long drafts: --config.gammas='(4, 8)', and its adaptive method). Each
+  # draft runs at every gamma in `gammas`, and adaptively (gamma chosen every iteration
+  # among 0 and `adaptive_gammas` from the measured costs and the acceptance seen so far).
   # More drafts: 'distilled' (the distilled draft model), 'truncated:K', 'layers:...'
   # (configs/layerskip_smollm2.py), 'eagle:DIR', a model path.
   # An empty tuple runs autoregressive decoding only.

@@ -1,12 +1,14 @@
 r"""Where one decoding iteration's time goes, op by op, in the real loop.
 
-  python experiments/cpu_paths/iteration_profile.py [--method quantized@4] [--prompts humaneval]
+  python experiments/cpu_paths/iteration_profile.py [--method quantized@4,quantized@adaptive]
+      [--adaptive_gammas 1,2,4,8] [--prompts humaneval]
       [--out experiments/cpu_paths/iteration_profile]
 
 Loads SmolLM2-135M-Instruct and its quantized self-draft (the target's GGUF blocks), lets
 the kernels choose their paths as a run does (bench/costs.tune_forwards, reading back what
-this machine recorded), decodes one prompt greedily with `--method` and with autoregressive
-decoding, and runs each once more under XLA:CPU's profiler. Every op the decode loop ran
+this machine recorded), decodes one prompt greedily with autoregressive decoding and each
+`--method` (adaptive control with the costs measured here, as a run measures them), and
+runs each once more under XLA:CPU's profiler, all in one process. Every op the decode loop ran
 is charged to its iteration: products by their kernel (the f32 products of the target,
 the q4_1/q8_0 block products of the draft, attention) and row count, XLA's own ops by kind.
 The table says how many of each an iteration runs, their ms, and for the weight products
@@ -49,7 +51,9 @@ from specjax.decode.engine import Engine  # noqa: E402
 from specjax.drafters import model as model_drafters  # noqa: E402
 from specjax.kernels import cpu as cpu_kernels  # noqa: E402
 
-FLAGS = flags.DEFINE_string('method', 'quantized@4', 'quantized@<gamma> or quantized@adaptive')
+FLAGS = flags.DEFINE_string(
+  'method', 'quantized@4', 'quantized@<gamma> or quantized@adaptive, several comma separated'
+)
 GAMMAS = flags.DEFINE_list('adaptive_gammas', ['1', '2', '4', '8'], 'the adaptive arms')
 PROMPTS = flags.DEFINE_string('prompts', 'humaneval', 'a prompt set; its first prompt is decoded')
 OUT = flags.DEFINE_string('out', 'experiments/cpu_paths/iteration_profile', 'output folder')
@@ -73,6 +77,7 @@ def _hlo(module_text: str) -> dict[str, tuple[str, str]]:
 
 def _profile(engine, prompt, gamma: int, adaptive=None) -> tuple[dict, float, int]:
   """{(what, shape): [ms per iteration, ops per iteration]}, ms per iteration, iterations."""
+
   def run():
     return engine.generate(
       [prompt], max_new_tokens=TOKENS.value, gamma=gamma, verifier='greedy', adaptive=adaptive
@@ -84,7 +89,9 @@ def _profile(engine, prompt, gamma: int, adaptive=None) -> tuple[dict, float, in
       out = run()
     trace = glob.glob(f'{d}/**/*.trace.json.gz', recursive=True)[0]
     events = json.load(gzip.open(trace))['traceEvents']
-  modules = sorted(glob.glob(f'{DUMP}/*jit_decode.cpu_after_optimizations.txt'), key=os.path.getmtime)
+  modules = sorted(
+    glob.glob(f'{DUMP}/*jit_decode.cpu_after_optimizations.txt'), key=os.path.getmtime
+  )
   hlo = _hlo(pathlib.Path(modules[-1]).read_text())
   spans = [e for e in events if e.get('name') == 'PjitFunction(decode)' and e.get('ph') == 'X']
   start = spans[-1]['ts']
@@ -111,32 +118,37 @@ def _group(what: str) -> str:
 
 def main(argv):
   del argv
-  kind, _, gamma = FLAGS.value.partition('@')
-  if kind != 'quantized' or not (gamma.isdigit() or gamma == 'adaptive'):
-    sys.exit(f'--method: quantized@<gamma> or quantized@adaptive, got {FLAGS.value!r}')
+  methods = FLAGS.value.split(',')
+  for m in methods:
+    kind, _, gamma = m.partition('@')
+    if kind != 'quantized' or not (gamma.isdigit() or gamma == 'adaptive'):
+      sys.exit(f'--method: quantized@<gamma> or quantized@adaptive, comma separated; got {m!r}')
   out = pathlib.Path(OUT.value)
   out.mkdir(parents=True, exist_ok=True)
-  config = config_lib.load_config(pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'smollm2.py')
+  config = config_lib.load_config(
+    pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'smollm2.py'
+  )
   model = loader.load_model(config.model, config.dtype)
   drafter, dparams = model_drafters.QUANTIZED.build('auto', model, config.dtype)
   tp, dp, cfg = jax.device_put(model.params), jax.device_put(dparams), model.cfg
-  adaptive = None
-  if gamma == 'adaptive':  # the run's costs, measured here as the harness does
-    arms = tuple(int(a) for a in GAMMAS.value)
-    costs.tune_forwards(tp, cfg, 1, [1, *(a + 1 for a in arms)], CACHE)
-    costs.tune_forwards(dp, drafter.cfg, 1, [1, 2], CACHE, forward=drafter.forward, name='draft')
-    drafts = {'q': (drafter, dp, arms)}
-    _, measured = costs.measure_drafts(tp, cfg, drafts, 1, CACHE)
-    c = measured['q']
-    adaptive = AdaptiveConfig(
-      gammas=arms,
-      draft_cost=tuple(c.units(a)[0] for a in arms),
-      verify_cost=tuple(c.units(a)[1] for a in arms),
-      catch_up_cost=c.c,
-    )
-  g = max(int(a) for a in GAMMAS.value) if adaptive else int(gamma)
-  costs.tune_forwards(tp, cfg, 1, [1, g + 1], CACHE)
+  arms = tuple(int(a) for a in GAMMAS.value)
+  fixed = [int(m.partition('@')[2]) for m in methods if not m.endswith('@adaptive')]
+  costs.tune_forwards(tp, cfg, 1, sorted({1, *(g + 1 for g in (*arms, *fixed))}), CACHE)
   costs.tune_forwards(dp, drafter.cfg, 1, [1, 2], CACHE, forward=drafter.forward, name='draft')
+  runs = []  # (name, gamma, adaptive config)
+  for m in methods:
+    if m.endswith('@adaptive'):  # the run's costs, measured here as the harness does
+      _, measured = costs.measure_drafts(tp, cfg, {'q': (drafter, dp, arms)}, 1, CACHE)
+      c = measured['q']
+      adaptive = AdaptiveConfig(
+        gammas=arms,
+        draft_cost=tuple(c.units(a)[0] for a in arms),
+        verify_cost=tuple(c.units(a)[1] for a in arms),
+        catch_up_cost=c.c,
+      )
+      runs.append((m, max(arms), adaptive))
+    else:
+      runs.append((m, int(m.partition('@')[2]), None))
   engine = Engine(tp, cfg, eos_id=-1, cache_size=CACHE, drafter=drafter, draft_params=dp)
   prompt = model.tokenizer.encode_chat(prompts_lib.load_prompts(PROMPTS.value, 1)[0].text)
   print(f'prompt: {len(prompt)} tokens; profiling autoregressive and {FLAGS.value}', flush=True)
@@ -147,29 +159,35 @@ def main(argv):
   for _ in range(5):
     stream(x).block_until_ready()
   gbs = x.nbytes * 5 / (time.perf_counter() - t0) / 1e9
-  weights = {
-    'target MB': sum(a.nbytes for a in jax.tree_util.tree_leaves(tp)) / 1e6,
-    'draft MB': sum(a.nbytes for a in jax.tree_util.tree_leaves(dp)) / 1e6,
+  del x
+  target_mb = sum(a.nbytes for a in jax.tree_util.tree_leaves(tp)) / 1e6
+  draft_mb = sum(a.nbytes for a in jax.tree_util.tree_leaves(dp)) / 1e6
+  results = {
+    'provenance': provenance.provenance(),
+    'stream_gb_s': gbs,
+    'prompt_tokens': len(prompt),
+    'target MB': target_mb,
+    'draft MB': draft_mb,
   }
-  target_mb, draft_mb = weights['target MB'], weights['draft MB']
-  results = {'provenance': provenance.provenance(), 'stream_gb_s': gbs, 'prompt_tokens': len(prompt), **weights}
   lines = [
     f'# One decoding iteration, op by op ({FLAGS.value}, {PROMPTS.value} prompt 1, '
     f'{len(prompt)} prompt tokens, {TOKENS.value} new)',
     '',
     f'CPU: {results["provenance"]["machine"]}; this machine streams '
-    f'{gbs:.1f} GB/s (kernels.cpu.stream_sum over the target\'s {target_mb:.0f} MB, mean of '
+    f"{gbs:.1f} GB/s (kernels.cpu.stream_sum over the target's {target_mb:.0f} MB, mean of "
     f'5): a forward that reads every weight once takes at least {target_mb / gbs:.1f} ms '
     f'(target) and {draft_mb / gbs:.1f} ms (draft, {draft_mb:.0f} MB).',
     '',
   ]
-  for name, gm, ad in (('autoregressive', 0, None), (FLAGS.value, g, adaptive)):
+  for name, gm, ad in (('autoregressive', 0, None), *runs):
     ops, ms, steps = _profile(engine, prompt, gm, ad)
     total = sum(v[0] for v in ops.values())
     results[name] = {
       'ms_per_iteration': ms,
       'iterations': steps,
-      'ops': [{'what': w, 'shape': s, 'ms': v[0], 'per_iteration': v[1]} for (w, s), v in ops.items()],
+      'ops': [
+        {'what': w, 'shape': s, 'ms': v[0], 'per_iteration': v[1]} for (w, s), v in ops.items()
+      ],
     }
     lines += [
       f'## {name}: {ms:.2f} ms an iteration ({steps} iterations); the ops sum to {total:.2f} ms',
