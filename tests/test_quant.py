@@ -32,7 +32,7 @@ def test_blocks_expand_to_what_gguf_dequantises(fmt):
 
 def _reference(x, w: quant.BlockWeight):
   """The kernel's arithmetic in numpy: x rounded per block of 32 to int8 (half to even),
-  exact integer block dots, float32 scales; the q4_1 offsets times the exact block sums."""
+  exact integer block dots, the float16 scales; the q4_1 offsets times the exact block sums."""
   x = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
   blocks = x.reshape(x.shape[0], -1, 32)
   dx = np.abs(blocks).max(-1) / 127

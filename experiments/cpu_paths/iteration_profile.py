@@ -11,9 +11,9 @@ this machine recorded), decodes one prompt greedily with autoregressive decoding
 runs each once more under XLA:CPU's profiler, all in one process. Every op the decode loop ran
 is charged to its iteration: products by their kernel (the f32 products of the target,
 the q4_1/q8_0 block products of the draft, attention) and row count, XLA's own ops by kind.
-The table says how many of each an iteration runs, their ms, and for the weight products
-the read bandwidth they reached (weights bytes / time), beside this machine's streaming
-bandwidth (kernels.cpu.stream_sum over a buffer as large as the target's weights).
+The tables say how many of each an iteration runs and their ms, beside this machine's
+streaming bandwidth (kernels.cpu.stream_sum over a buffer as large as the target's
+weights) and the least time a forward that reads every weight once can take.
 
 Writes profile.md and profile.json to --out. Run it on a quiet machine.
 """
@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -107,7 +108,7 @@ def _profile(engine, prompt, gamma: int, adaptive=None) -> tuple[dict, float, in
 
 def _group(what: str) -> str:
   """The part of an iteration an op belongs to."""
-  if what.startswith('specjax_linear') or what == 'dot_general':
+  if what.startswith('specjax_linear') or what == 'dot_general':  # XLA's: the target's here
     return 'target weight products (f32)'
   if what.startswith('specjax_blocks'):
     return 'draft weight products (q4_1 / q8_0 blocks)'
@@ -206,6 +207,7 @@ def main(argv):
   (out / 'profile.md').write_text('\n'.join(lines))
   (out / 'profile.json').write_text(json.dumps(results, indent=1, default=str))
   print('\n'.join(lines))
+  shutil.rmtree(DUMP, ignore_errors=True)
 
 
 if __name__ == '__main__':

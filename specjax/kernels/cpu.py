@@ -692,8 +692,8 @@ def dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
 def blocks_product(kind: str, x: jax.Array, qs, d, m) -> jax.Array | None:
   """x[..., K] @ W.T for W in `kind` blocks on a kernel, or None where XLA's expanded
   product is faster (or no kernel can run): the caller expands the weights then."""
-  if x.dtype != jnp.float32 or x.ndim < 1:
-    return None
+  if x.dtype != jnp.float32 or x.ndim < 1 or d.dtype != jnp.float16 or m.dtype != jnp.float16:
+    return None  # the kernels take GGUF's float16 scales (models/quant.py)
   isa = path(kind, int(qs.shape[0]), int(x.shape[-1]), _rows(x))
   return _call(kind, isa, x, qs, d, m) if isa else None
 

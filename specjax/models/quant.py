@@ -1,11 +1,11 @@
 """Block-quantized weights (GGUF's q4_1 and q8_0) that the model functions run directly.
 
 A `BlockWeight` keeps a matrix as llama.cpp stores it: rows of blocks of 32 values along
-the contracting dimension, each block with a float32 scale `d` (and an offset `m` for
-q4_1). Read from a GGUF file (`checkpoints.gguf.load_gguf_blocks`) it holds exactly the
-file's weights: SmolLM2-135M-Instruct's file is q4_1 (linear layers) and q8_0
+the contracting dimension, each block with a float16 scale `d` (and an offset `m` for
+q4_1), as GGUF stores them. Read from a GGUF file (`checkpoints.gguf.load_gguf_blocks`)
+it holds exactly the file's weights: SmolLM2-135M-Instruct's file is q4_1 (linear layers) and q8_0
 (embeddings), so its float32 parameter tree is these blocks expanded (538 MB; the
-blocks are 103 MB). `quantize_params` rounds any float32 tree to q8_0 instead.
+blocks are 98 MB). `quantize_params` rounds any float32 tree to q8_0 instead.
 
 The Llama functions multiply through `dense` (x @ w, w a tree-layout (in, out) weight),
 `dense_rows` (x @ w.T, w [rows, in], a tied embedding head) and `take` (embedding
