@@ -66,6 +66,20 @@ def test_the_kernel_is_the_product_with_rounded_activations(fmt, rows, monkeypat
   assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max()
 
 
+def test_blocks_with_float32_scales_are_expanded_not_handed_to_the_kernel(monkeypatch):
+  """The kernels read float16 scales, as GGUF stores them; a BlockWeight built with float32
+  ones is multiplied through XLA's expansion (exactly), not passed as the wrong type."""
+  monkeypatch.setenv('SPECJAX_CPU_ISA', cpu_kernels.supported()[0])  # a kernel would run
+  monkeypatch.setattr(cpu_kernels, '_state', {})
+  rng = np.random.default_rng(2)
+  bw = quant.quantize_q8_0(rng.normal(size=(39, 96)).astype(np.float32), transposed=False)
+  wide = bw.replace(d=bw.d.astype(np.float32), m=bw.m.astype(np.float32))
+  x = jnp.asarray(rng.normal(size=(3, 96)).astype(np.float32))
+  assert quant.kernel_applies(x, bw) and not quant.kernel_applies(x, wide)
+  want = np.asarray(x) @ np.asarray(bw.expand_rows()).T
+  np.testing.assert_allclose(jax.jit(quant.dense_rows)(x, wide), want, rtol=1e-5, atol=1e-5)
+
+
 def test_without_the_kernel_weights_are_expanded_exactly(monkeypatch):
   bw = quant.quantize_q8_0(np.random.default_rng(1).normal(size=(64, 40)).astype(np.float32))
   monkeypatch.setenv('SPECJAX_CPU_ISA', 'xla')

@@ -96,6 +96,8 @@ def kernel_applies(x: jax.Array, w: BlockWeight) -> bool:
   """Whether a product of x with w runs a block kernel (trace-time decision, measured)."""
   return (
     x.dtype == jnp.float32
+    and w.d.dtype == jnp.float16  # the kernels read GGUF's float16 scales
+    and w.m.dtype == jnp.float16
     and cpu_kernels.path(w.fmt, int(w.qs.shape[0]), int(x.shape[-1]), int(np.prod(x.shape[:-1])))
     is not None
   )
