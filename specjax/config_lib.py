@@ -128,9 +128,29 @@ def _interrupt(signum, frame):
   raise KeyboardInterrupt(f'signal {signum}')
 
 
-def run_cli(main: Callable[..., object], default_config: str | None = None, argv=None) -> None:
+def describe(config: ml_collections.ConfigDict, fields: dict[str, str] | None = None) -> str:
+  """Every field of `config` with its value and, where `fields` has one, what it holds (in
+  `fields`' order, then the rest by name): the text `--print_config` shows."""
+  fields = fields or {}
+  lines = []
+  for name in [*(f for f in fields if f in config), *sorted(set(config) - set(fields))]:
+    value = config[name]
+    if isinstance(value, ml_collections.ConfigDict):
+      value = value.to_dict()
+    text = f'{name} = {value!r}'
+    lines.append(f'{text:<40}  # {fields[name]}' if name in fields else text)
+  return '\n'.join(lines)
+
+
+def run_cli(
+  main: Callable[..., object],
+  default_config: str | None = None,
+  argv=None,
+  fields: dict[str, str] | None = None,
+) -> None:
   """Runs `main(config, workdir)` from the command line: --config FILE[:ARG] (with
-  --config.<field>=<value> overrides) and --workdir DIR.
+  --config.<field>=<value> overrides) and --workdir DIR; --print_config prints every field
+  with its value and (from `fields`) what it holds, and runs nothing.
 
   Unknown overrides, ValueError and FileNotFoundError (bad input, raised before any
   expensive work) print one line 'error: ...' and exit with status 2.
@@ -150,12 +170,18 @@ def run_cli(main: Callable[..., object], default_config: str | None = None, argv
   )
   num_processes = flags.DEFINE_integer('num_processes', None, 'Processes in all (--coordinator).')
   process_id = flags.DEFINE_integer('process_id', None, "This process's index (--coordinator).")
+  print_config = flags.DEFINE_bool(
+    'print_config', False, 'Print every config field, its value and what it holds; run nothing.'
+  )
 
   def run(args):
     if len(args) > 1:
       raise app.UsageError(f'unexpected arguments: {args[1:]}')
     if config.value is None:
       raise app.UsageError(f'--config is required, e.g. --config {default_config}')
+    if print_config.value:
+      print(describe(config.value, fields))
+      return
     signal.signal(signal.SIGTERM, _interrupt)  # cleanup as for Ctrl-C (what is done is kept)
     try:
       start_processes(coordinator.value, num_processes.value, process_id.value)

@@ -268,6 +268,23 @@ def test_command_line_overrides_and_errors(tmp_path):
   ]
 
 
+def test_print_config_lists_every_field_with_its_value_and_meaning(tmp_path):
+  out = subprocess.run(
+    [sys.executable, '-m', 'specjax.run', '--config', 'configs/smollm2.py', '--print_config']
+    + ['--config.gammas=(1, 3)', '--workdir', str(tmp_path / 'none')],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.strip().splitlines()
+  assert [line.split(' = ')[0] for line in lines] == list(run_config.FIELDS)
+  assert 'gammas = (1, 3)' in out.stdout and '# fixed draft lengths' in out.stdout
+  assert "model = 'smollm2-135m-instruct'" in out.stdout
+  assert not (tmp_path / 'none').exists()  # nothing ran
+
+
 def test_tree_methods_run_through_the_harness(tmp_path):
   config = tiny_config(
     num_prompts=2,

@@ -101,11 +101,11 @@ class Summary:
   latency_ms: dict[str, float]
   latency_ms_per_token: dict[str, float]
   zero_accept_fraction: float | None
-  greedy_mismatches: int
+  greedy_mismatches: int | None  # None: no autoregressive run to compare with
   switches: int
   compile_seconds: float | None = None  # overall only
-  speedup: float = 1.0  # tokens_per_second over autoregressive decoding's
-  decode_speedup: float = 1.0
+  speedup: float | None = 1.0  # tokens_per_second over autoregressive decoding's
+  decode_speedup: float | None = 1.0
   # With measured costs (specjax.control.cost_model):
   draft: str | None = None
   adaptive: bool | None = None
@@ -242,15 +242,18 @@ def safe_ratio(a: float, b: float) -> float:
 def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, costs=None):
   """{method: Summary} overall and per category, speedups against 'autoregressive'.
 
-  `plans` maps a method name to (draft spec, gamma, adaptive, tree); with measured
-  `costs` (draft spec -> Costs) the cost model's prediction of a chain method is filled
-  in too. Tree methods get no per-token alpha (a chain's notion).
+  Without an 'autoregressive' method (the Python API's uncompared runs) speedups and
+  greedy mismatches are None. `plans` maps a method name to (draft spec, gamma, adaptive,
+  tree); with measured `costs` (draft spec -> Costs) the cost model's prediction of a
+  chain method is filled in too. Tree methods get no per-token alpha (a chain's notion).
   """
   costs, plans = costs or {}, plans or {}
-  baseline = records['autoregressive']
-  categories = sorted({r['category'] for r in baseline})
+  compared = 'autoregressive' in records
+  first = records['autoregressive'] if compared else next(iter(records.values()))
+  categories = sorted({r['category'] for r in first})
   out = {}
   for name, recs in records.items():
+    baseline = first if compared else recs
     m = out[name] = summarize_method(recs, baseline, compile_seconds[name])
     plan = plans.get(name)
     tree = plan[3] if plan is not None and len(plan) > 3 and plan[3] else None
@@ -268,6 +271,11 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
         predict(sub, [recs[i] for i in pick], costs[plan[0]], plan[1], plan[2])
         sub.c = sub.time_split_ms = None
       m.categories[cat] = sub
+  if not compared:
+    for m in out.values():
+      for sub in (m, *m.categories.values()):
+        sub.speedup = sub.decode_speedup = sub.greedy_mismatches = None
+    return out, categories
   base = out['autoregressive']
   for m in out.values():
     for sub, ref in [(m, base), *((m.categories[c], base.categories[c]) for c in categories)]:

@@ -1,7 +1,9 @@
 """Loads a model and its tokenizer from one spec string (drafts: specjax/registry.py).
 
 Specs: a pinned asset name ('smollm2-135m-instruct', 'gemma3-270m'), a path to a .gguf file, a
-Hugging Face style directory (config.json + *.safetensors + tokenizer.json), or a spec of a
+Hugging Face style directory (config.json + *.safetensors + tokenizer.json), a model on the
+Hugging Face Hub ('hf:<org>/<name>[@<revision>]' or 'hf:<org>/<name>/<file>.gguf', fetched
+into the user's cache: specjax/checkpoints/hub.py), or a spec of a
 source in specjax/registry.py MODEL_SOURCES: 'tiny' (a random 2-layer model over bytes, for
 smoke tests) or 'dry:<name>' (a paper pair's model of specjax/pairs/ shrunk to a tiny
 random one over bytes, for dry runs).
@@ -21,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import registry
-from specjax.checkpoints import gguf, hf
+from specjax.checkpoints import gguf, hf, hub
 from specjax.data import assets
 from specjax.models.llama import LlamaConfig
 
@@ -58,13 +60,16 @@ def check_model_spec(spec: str) -> None:
   FileNotFoundError for a missing .gguf file)."""
   if spec in MODEL_ASSETS or os.path.isdir(spec) or stand_in(spec) is not None:
     return
+  if hub.is_hub(spec):
+    hub.parse(spec)  # the syntax only: the Hub is asked when the model loads
+    return
   if spec.endswith('.gguf'):
     if not os.path.isfile(spec):
       raise FileNotFoundError(f'GGUF file not found: {spec}')
     return
   raise ValueError(
     f'unknown model {spec!r}: expected one of {list(MODEL_ASSETS)}, a path to a .gguf '
-    'file, a Hugging Face style directory, or a stand-in: '
+    f'file, a Hugging Face style directory, {hub.USAGE}, or a stand-in: '
     + ' or '.join(repr(registry.MODEL_SOURCES.get(n).usage) for n in registry.MODEL_SOURCES.names)
   )
 
@@ -80,14 +85,15 @@ def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:
   source = stand_in(spec)
   if source is not None:  # a test stand-in (registry.MODEL_SOURCES)
     return LoadedModel(*source.load(spec, target_dtype))
+  local = hub.fetch(spec) if hub.is_hub(spec) else spec
   if spec in MODEL_ASSETS:
     path = assets.fetch(spec)
-  elif os.path.isdir(spec):
-    cfg, params = hf.load_hf(spec)
-    tok = Tokenizer.from_file(os.path.join(spec, 'tokenizer.json'))
+  elif os.path.isdir(local):
+    cfg, params = hf.load_hf(local)
+    tok = Tokenizer.from_file(os.path.join(local, 'tokenizer.json'))
     return LoadedModel(cfg, _cast(params, target_dtype), tok, spec)
   else:
-    path = spec
+    path = local
 
   cfg, params = gguf.load_gguf(path)
   tok = Tokenizer.from_gguf(path, use_chat_template=spec not in BASE_MODELS)

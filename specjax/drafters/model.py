@@ -317,7 +317,7 @@ TRUNCATED = DraftKind(
   usage='truncated:<number of layers>', parse=_parse_truncated, build=_build_truncated
 )
 MODEL = DraftKind(
-  usage='a model spec (an asset name, a .gguf file or a Hugging Face directory)',
+  usage='a model spec (an asset name, a .gguf file, a Hugging Face directory or hf:<org>/<name>)',
   parse=_parse_model,
   build=_build_model,
 )

@@ -217,33 +217,34 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
     ax.legend(fontsize=7)
   paths.append(_save(fig, out_dir / 'acceptance_by_position.png'))
 
-  fig = Figure(figsize=(10, 4))
-  left, right = fig.subplots(1, 2)
-  drafts, adaptive = {}, {}
-  for name, data in summary['methods'].items():
-    m = Summary.from_json(data)
-    draft, _, setting = name.rpartition('@')
-    if setting.isdigit():
-      drafts.setdefault(draft, []).append((int(setting), m.speedup, m.tokens_per_call))
-    elif setting == 'adaptive':
-      adaptive[draft] = m
-  for draft, points in drafts.items():
-    g, speed, tpc = zip(*sorted(points))
-    (line,) = left.plot(g, speed, marker='o', label=draft)
-    right.plot(g, tpc, marker='o', label=draft)
-    if draft in adaptive:
-      left.axhline(
-        adaptive[draft].speedup, color=line.get_color(), linestyle=':', label=f'{draft} adaptive'
-      )
-  for draft, m in adaptive.items():
-    if draft not in drafts:
-      left.axhline(m.speedup, linestyle=':', label=f'{draft} adaptive')
-  left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
-  left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
-  right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')
-  if drafts:
-    left.legend(fontsize=7)
-  paths.append(_save(fig, out_dir / 'speedup_vs_gamma.png'))
+  if 'autoregressive' in summary['methods']:  # speedups need the baseline
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    drafts, adaptive = {}, {}
+    for name, data in summary['methods'].items():
+      m = Summary.from_json(data)
+      draft, _, setting = name.rpartition('@')
+      if setting.isdigit():
+        drafts.setdefault(draft, []).append((int(setting), m.speedup, m.tokens_per_call))
+      elif setting == 'adaptive':
+        adaptive[draft] = m
+    for draft, points in drafts.items():
+      g, speed, tpc = zip(*sorted(points))
+      (line,) = left.plot(g, speed, marker='o', label=draft)
+      right.plot(g, tpc, marker='o', label=draft)
+      if draft in adaptive:
+        left.axhline(
+          adaptive[draft].speedup, color=line.get_color(), linestyle=':', label=f'{draft} adaptive'
+        )
+    for draft, m in adaptive.items():
+      if draft not in drafts:
+        left.axhline(m.speedup, linestyle=':', label=f'{draft} adaptive')
+    left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
+    left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
+    right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')
+    if drafts:
+      left.legend(fontsize=7)
+    paths.append(_save(fig, out_dir / 'speedup_vs_gamma.png'))
 
   adaptive = [name for name in records if name.endswith('@adaptive')]
   if adaptive:

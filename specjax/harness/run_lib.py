@@ -78,8 +78,16 @@ def make_workdir(workdir: str | None, resume: bool = False) -> pathlib.Path:
   return path
 
 
-def build_engines(config, model: loader.LoadedModel, methods) -> dict[str, Engine]:
-  """One engine per draft ('' for autoregressive only), all sharing the target's arrays."""
+def build_engines(
+  config, model: loader.LoadedModel, methods, built: dict[str, Engine] | None = None
+) -> dict[str, Engine]:
+  """One engine per draft ('': the target's own, always), all sharing the target's arrays;
+  `built` (engines of an earlier session of the same model and config) are reused, with
+  what they compiled."""
+  built = built or {}
+  wanted = dict.fromkeys(['', *(m.draft for m in methods)])
+  if all(spec in built for spec in wanted):
+    return {spec: built[spec] for spec in wanted}
   mesh = None
   if config.mesh.data * config.mesh.model > 1:
     mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
@@ -90,7 +98,10 @@ def build_engines(config, model: loader.LoadedModel, methods) -> dict[str, Engin
     else jax.device_put(model.params)
   )
   engines = {}
-  for spec in dict.fromkeys(m.draft for m in methods):
+  for spec in wanted:
+    if spec in built:
+      engines[spec] = built[spec]
+      continue
     drafter, draft_params = (
       registry.build_draft(spec, model, config.dtype) if spec else (None, None)
     )
@@ -545,6 +556,7 @@ class Plan:
   lead: bool  # process 0: prints and writes
   verbose: bool
   say: Callable
+  brief: bool = False  # the short cost measurement of a one-prompt run (the Python API's)
 
   @property
   def resume(self) -> bool:
@@ -554,6 +566,11 @@ class Plan:
   def quick(self) -> bool:
     """One question: a short verdict in place of the table."""
     return run_config.is_quick(self.config)
+
+  @property
+  def short_costs(self) -> bool:
+    """Time only what adaptive control needs, with fewer repeats (a one-prompt run)."""
+    return self.quick or self.brief
 
   @property
   def reporters(self) -> tuple[Callable, ...]:
@@ -567,7 +584,15 @@ class Plan:
     return tuple(out)
 
 
-def make_plan(config: ml_collections.ConfigDict, workdir: str | None, verbose: bool) -> Plan:
+def make_plan(
+  config: ml_collections.ConfigDict,
+  workdir: str | None,
+  verbose: bool,
+  workload: list[prompts_lib.Prompt] | None = None,
+  brief: bool = False,
+) -> Plan:
+  """`workload`: the prompts to run, in place of the config's; `brief`: measure costs as a
+  one-prompt run does (both for the Python API)."""
   lead = jax.process_index() == 0  # with several processes, process 0 prints and writes
   say = print if verbose and lead else (lambda *a, **k: None)
   pairs.check_paths(config)  # a paper pair's config without its directories: what to pass
@@ -576,13 +601,13 @@ def make_plan(config: ml_collections.ConfigDict, workdir: str | None, verbose: b
   resume = bool(config.get('resume', False))
   if resume and jax.process_count() > 1:
     raise ValueError('config.resume=True runs in one process only (this run has several)')
-  workload = load_workload(config)
+  workload = load_workload(config) if workload is None else workload
   fitted = fit_batches(config, methods, workload)  # the user's config goes to config.json
   out_dir = make_workdir(workdir, resume) if lead else None
   done = resumed_records(out_dir, config, say) if lead and resume else []
   if lead and not resume:  # written first: a resumed run checks it ran the same config
     report.write_atomic(out_dir / 'config.json', config.to_json_best_effort(indent=2))
-  return Plan(fitted, config, methods, workload, out_dir, done, lead, verbose, say)
+  return Plan(fitted, config, methods, workload, out_dir, done, lead, verbose, say, brief)
 
 
 @dataclasses.dataclass
@@ -605,14 +630,19 @@ class Session:
     return {spec: e.drafter.name for spec, e in self.engines.items() if spec}
 
 
-def open_session(plan: Plan) -> Session:
+def open_session(
+  plan: Plan, model: loader.LoadedModel | None = None, built: dict[str, Engine] | None = None
+) -> Session:
+  """The model (`model`: already loaded, as config.model and config.dtype name it) and its
+  engines (`built`: an earlier session's, reused where they fit)."""
   config, say, methods = plan.config, plan.say, plan.methods
-  start = time.perf_counter()
-  model = loader.load_model(config.model, config.dtype)
-  say(
-    f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
-    f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
-  )
+  if model is None:
+    start = time.perf_counter()
+    model = loader.load_model(config.model, config.dtype)
+    say(
+      f'model {model.source}: {model.cfg.num_params / 1e6:.1f} M parameters, '
+      f'{model.cfg.n_layers} layers, loaded in {time.perf_counter() - start:.1f} s'
+    )
   encoded = []  # the prompts against the context, before any draft loads
   for p in plan.workload:
     try:
@@ -623,7 +653,7 @@ def open_session(plan: Plan) -> Session:
   if any(m.adaptive for m in methods):
     spare = max([spare] + [s.size for s in run_config.adaptive_trees(config)])
   check_cache_fits(config, plan.workload, encoded, model.tokenizer, spare)
-  engines = build_engines(config, model, methods)
+  engines = build_engines(config, model, methods, built)
   if engines[''].mesh is not None:
     say(describe_mesh(engines))
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
@@ -669,17 +699,17 @@ def decide(plan: Plan, session: Session) -> Decisions:
   )
   # Adaptive control needs its drafts' costs even where the run measures none.
   timed = {m.draft for m in methods if m.adaptive}
-  if config.measure_costs and not plan.quick:
+  if config.measure_costs and not plan.short_costs:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
-  tune_kernels(config, engines, methods, session.trees_of, cache_size, say, plan.quick)
+  tune_kernels(config, engines, methods, session.trees_of, cache_size, say, plan.short_costs)
   saved = load_plan(plan.out_dir) if plan.lead and plan.resume else None
   costs = {}
   if saved is not None:  # the interrupted run's measurements: the same decisions again
     costs = {spec: Costs.from_json(c) for spec, c in saved['costs'].items()}
     say(f'resuming with the costs measured when the run started ({plan.out_dir / PLAN})')
   elif len(timed) > 1:
-    costs = measure_costs(config, timed, methods, cache_size, say, plan.quick)
+    costs = measure_costs(config, timed, methods, cache_size, say, plan.short_costs)
   adaptive = {
     m.name: AdaptiveConfig.from_costs(
       costs[m.draft],
@@ -750,7 +780,7 @@ def decode_run(plan: Plan, session: Session, decisions: Decisions) -> Run:
   broken = untrusted_drafts(records, plan.say)
   plans = {m.name: (m.draft, m.gamma, m.adaptive, m.tree) for m in methods}
   summaries, categories = metrics.summarize(records, compile_seconds, plans, decisions.costs)
-  if config.temperature == 0:
+  if config.temperature == 0 and 'autoregressive' in records:
     count_near_ties(session.target, summaries, records, inputs)
   summary = report.results(
     config,
