@@ -54,6 +54,10 @@ def _stats(m: Summary, category: str) -> Summary | None:
 def advise(summary: dict, min_speedup: float = 1.03) -> dict:
   """{category: {'verdict', 'method', per-draft candidates...}} from results.json's content."""
   methods = {name: Summary.from_json(m) for name, m in summary['methods'].items()}
+  if 'autoregressive' not in methods:
+    raise ValueError(
+      'the run has no autoregressive decoding to compare with (from Python: compare=True)'
+    )
   base = methods['autoregressive']
   advice = {}
   for cat in ['all', *sorted(base.categories)]:

@@ -43,7 +43,7 @@ def test_speculative_text_is_the_targets_greedy_text(lm, tmp_path):
 
 def test_a_bare_draft_runs_its_adaptive_method_and_a_batch_keeps_its_order(lm, tmp_path):
   texts = ['abc', 'a longer prompt, with more in it', 'x']
-  out = lm.generate(texts, draft='ngram', max_new_tokens=16, workdir=tmp_path / 'b')
+  out = lm.generate(texts, draft='ngram', max_new_tokens=16, batch_size=3, workdir=tmp_path / 'b')
   assert out.method == 'ngram@adaptive'
   assert out.tokens == [target_greedy(lm, t, 16) for t in texts]
   # Uncompared: only the method ran, and nothing claims a speedup.
@@ -53,11 +53,15 @@ def test_a_bare_draft_runs_its_adaptive_method_and_a_batch_keeps_its_order(lm, t
   assert out.stats['greedy_mismatches'] is None
 
 
-def test_a_second_call_reuses_the_engines(lm, tmp_path):
-  first = lm.generate('one', draft='truncated:1@4', max_new_tokens=8, workdir=tmp_path / 'c')
-  again = lm.generate('two', draft='truncated:1@4', max_new_tokens=8, workdir=tmp_path / 'd')
+@pytest.mark.parametrize('draft', ['truncated:1@4', 'truncated:1'])
+def test_a_second_call_compiles_nothing(lm, tmp_path, draft):
+  """The engines and, for an adaptive method, the measured costs its controller is built
+  from are kept: the same draft and shapes compile nothing the second time."""
+  lm = specjax.load('tiny')
+  first = lm.generate('one', draft=draft, max_new_tokens=8, workdir=tmp_path / 'c')
+  again = lm.generate('two', draft=draft, max_new_tokens=8, workdir=tmp_path / 'd')
   assert first.stats['compile_seconds'] > 0
-  assert again.stats['compile_seconds'] == 0  # the same shapes: nothing compiled again
+  assert again.stats['compile_seconds'] == 0
 
 
 def test_sampling_is_seeded(lm, tmp_path):
@@ -76,18 +80,21 @@ def test_sampling_is_seeded(lm, tmp_path):
     (dict(prompts=[]), 'prompts must be a non-empty string'),
     (dict(prompts=['ok', '  ']), 'prompts must be a non-empty string'),
     (dict(temperature=-1.0), 'temperature'),
+    (dict(max_new_tokens=12.5), 'max_new_tokens'),
   ],
 )
 def test_bad_input_is_one_clear_error_before_decoding(lm, tmp_path, kwargs, message):
   kwargs = {'prompts': 'hi', 'workdir': tmp_path / 'w'} | kwargs
   with pytest.raises(ValueError, match=re.escape(message)):
     lm.generate(**kwargs)
-  assert not (tmp_path / 'w' / 'results.json').exists()
+  assert not (tmp_path / 'w').exists()  # nothing ran, nothing was written
 
 
-def test_load_names_unknown_fields_before_loading():
+def test_load_names_bad_fields_before_loading():
   with pytest.raises(ValueError, match='config.gamas: unknown field; did you mean gammas'):
     specjax.load('no-such-model.gguf', gamas=(1,))
+  with pytest.raises(ValueError, match='load: seed, temperature are set per call'):
+    specjax.load('no-such-model.gguf', temperature=1.0, seed=3)
 
 
 def test_readme_first_python_block_runs_as_written(tmp_path, monkeypatch, capsys):

@@ -81,9 +81,13 @@ def test_what_the_cache_lacks_is_one_line(mirror, spec, message):
     loader.load_model(spec)
 
 
-@pytest.mark.parametrize(
-  'spec', ['hf:', 'hf:org', 'hf:org/', 'hf:org/x@', 'hf:org/x/y.bin', 'hf:/x']
-)
+BAD_SPECS = [
+  *('hf:', 'hf:org', 'hf:org/', 'hf:org/x@', 'hf:org/x/y.bin', 'hf:/x', 'hf:org/x/'),
+  *('hf:org/x//a.gguf', 'hf:org/x@a@b', 'hf:a--b/x', 'hf:org/x..y', 'hf:org/x.git'),
+]
+
+
+@pytest.mark.parametrize('spec', BAD_SPECS)
 def test_bad_hub_specs_are_refused_before_anything_loads(spec):
   with pytest.raises(ValueError, match='bad Hugging Face model'):
     loader.check_model_spec(spec)
@@ -110,3 +114,17 @@ def test_the_hubs_answers_are_one_line_each(monkeypatch):
     monkeypatch.setattr(huggingface_hub, 'snapshot_download', raising(error))
     with pytest.raises(ValueError, match=message):
       hub.fetch('hf:org/x@r')
+  monkeypatch.setattr(
+    huggingface_hub,
+    'hf_hub_download',
+    raising(errors.RemoteEntryNotFoundError('no', response=response)),
+  )
+  with pytest.raises(ValueError, match="org/x has no file 'a.gguf'"):
+    hub.fetch('hf:org/x/a.gguf')
+  monkeypatch.setattr(
+    huggingface_hub,
+    'snapshot_download',
+    raising(errors.HfHubHTTPError('500 down\nmore', response=response)),
+  )
+  with pytest.raises(ValueError, match='^hf:org/x: the Hugging Face Hub answered 500 down$'):
+    hub.fetch('hf:org/x')

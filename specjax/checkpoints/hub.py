@@ -45,9 +45,12 @@ def parse(spec: str) -> HubModel:
   filename = '/'.join(parts[2:]) or None
   bad = (
     len(parts) < 2
-    or not all(_NAME.match(p) for p in parts[:2])
+    or not all(_NAME.match(p) and '--' not in p and '..' not in p for p in parts[:2])
+    or parts[1].endswith('.git')
+    or not all(parts[2:])  # no empty path segment ('hf:org/x/', 'hf:org/x//a.gguf')
     or (filename is not None and not filename.endswith('.gguf'))
     or ('@' in spec and not revision)
+    or '@' in revision
   )
   if bad:
     raise ValueError(f'bad Hugging Face model {spec!r}: expected {USAGE}')

@@ -418,15 +418,17 @@ def _adaptive(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   Every iteration runs the setting the controller chooses at that moment, as a switch per
   iteration would; each pass of the outer loop runs at least one iteration (the setting
   chosen at the end of one setting's loop comes later in this pass or first in the next)."""
-  config = spec.method.adaptive
-  choose = lambda s: adaptive_lib.choose(config, s.spec.control)
+  config, arms = spec.method.adaptive, _arms(spec)
+  # (clipped, as lax.switch clips its index: an arm outside the range never runs, and the
+  # outer loop would spin)
+  choose = lambda s: jnp.clip(adaptive_lib.choose(config, s.spec.control), 0, len(arms) - 1)
 
   def segment(s, arm, run):
     stay = lambda c: ~jnp.all(c.done) & (choose(c) == arm)
     return jax.lax.while_loop(stay, functools.partial(run, params), s)
 
   def body(s):
-    for arm, run in enumerate(_arms(spec)):
+    for arm, run in enumerate(arms):
       s = segment(s, arm, run)
     return s
 

@@ -26,6 +26,13 @@ from specjax.data.parse import Prompt
 from specjax.harness import run_config, run_lib
 
 DEFAULT_MODEL = 'smollm2-135m-instruct'
+# Config fields each `generate` call sets from its arguments (or that the API fixes): not
+# for `load`.
+PER_CALL = (
+  'prompt', 'prompts', 'num_prompts', 'max_new_tokens', 'temperature', 'top_k', 'top_p',
+  'seed', 'batch_size', 'verifier', 'drafts', 'gammas', 'methods', 'measure_costs', 'quick',
+  'quick_method', 'resume', 'trees',
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +90,15 @@ def prompts_of(prompts: str | Sequence[str]) -> list[Prompt]:
 
 
 class LM:
-  """A loaded target and the engines it has built (one per draft), reused across calls."""
+  """A loaded target, the engines it has built (one per draft) and the costs it measured,
+  reused across calls: an adaptive method's controller is built from the costs, so a second
+  call with the same draft and sampling compiles nothing."""
 
   def __init__(self, model: loader.LoadedModel, config: ml_collections.ConfigDict):
     self.model = model
     self.config = config
     self._engines = {}
+    self._costs = {}  # (batch size, sampling) -> {draft spec: Costs}
 
   def generate(
     self,
@@ -117,7 +127,7 @@ class LM:
     """
     name = method_name(draft)
     workload = prompts_of(prompts)
-    config = ml_collections.ConfigDict(self.config.to_dict())
+    config = self.config.to_dict()
     spec = run_config.parse_method(name).draft
     config.update(
       prompt='',
@@ -135,12 +145,15 @@ class LM:
       measure_costs=False,  # only adaptive control's drafts are timed, briefly
       quick=False,
     )
+    config = ml_collections.ConfigDict(config)  # (values of any type: validation names them)
     plan = run_lib.make_plan(config, workdir, verbose, workload=workload, brief=True)
     if not compare and spec:
       plan = dataclasses.replace(plan, methods=[m for m in plan.methods if m.name == name])
     session = run_lib.open_session(plan, self.model, self._engines)
     self._engines.update(session.engines)
-    decisions = run_lib.decide(plan, session)
+    key = (batch_size, temperature, top_k, top_p)
+    decisions = run_lib.decide(plan, session, known=self._costs.get(key))
+    self._costs.setdefault(key, {}).update(decisions.costs)
     run = run_lib.decode_run(plan, session, decisions)
     run_lib.write_results(plan, run)
     run_lib.check_strict(plan, run)
@@ -167,6 +180,9 @@ def load(
   a Hugging Face directory or 'tiny' (a random byte-level model, for tests). `overrides`
   set other fields of configs/smollm2.py (e.g. mesh, adaptive_gammas), checked as the
   command line's are, before the model loads."""
+  given = sorted(set(overrides) & set(PER_CALL))
+  if given:
+    raise ValueError(f'load: {", ".join(given)} are set per call: pass them to generate()')
   config = config_lib.load_config('smollm2.py', 'tiny' if model == 'tiny' else None).to_dict()
   config.update(overrides, model=model, dtype=dtype, cache_size=cache_size)
   config = ml_collections.ConfigDict(config)

@@ -27,7 +27,7 @@ from specjax.models import sharding
 
 # Every field of a run config (configs/smollm2.py), with what it holds.
 FIELDS = {
-  'model': 'target model spec: asset name, .gguf file, Hugging Face directory, or tiny',
+  'model': 'target: asset name, .gguf file, Hugging Face directory, hf:<org>/<name>, or tiny',
   'dtype': f'parameter dtype, one of {sorted(loader.DTYPES)}',
   'prompt': 'one chat prompt (overrides prompts)',
   'prompts': 'prompt set: humaneval, mtbench, mtbench:<category>, code_edit, a JSONL file, or '

@@ -88,15 +88,19 @@ def build_engines(
   wanted = dict.fromkeys(['', *(m.draft for m in methods)])
   if all(spec in built for spec in wanted):
     return {spec: built[spec] for spec in wanted}
-  mesh = None
-  if config.mesh.data * config.mesh.model > 1:
-    mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
   partition = run_config.mesh_rules(config)
-  params = (
-    sharding_lib.shard_params(model.params, mesh, partition['rules'] + sharding_lib.DEFAULT_RULES)
-    if mesh is not None
-    else jax.device_put(model.params)
-  )
+  if '' in built:  # the target's arrays already on the devices: no second copy
+    mesh, params = built[''].mesh, built[''].params
+  else:
+    mesh = None
+    if config.mesh.data * config.mesh.model > 1:
+      mesh = sharding_lib.make_mesh(config.mesh.data, config.mesh.model)
+    rules = partition['rules'] + sharding_lib.DEFAULT_RULES
+    params = (
+      sharding_lib.shard_params(model.params, mesh, rules)
+      if mesh is not None
+      else jax.device_put(model.params)
+    )
   engines = {}
   for spec in wanted:
     if spec in built:
@@ -691,8 +695,10 @@ class Decisions:
   controls: ControlStates
 
 
-def decide(plan: Plan, session: Session) -> Decisions:
-  """Measures the costs (or reads them back when resuming) and decides what runs."""
+def decide(plan: Plan, session: Session, known: dict[str, Costs] | None = None) -> Decisions:
+  """Measures the costs (or reads them back when resuming) and decides what runs. `known`:
+  costs measured before for these drafts (the Python API's earlier calls), used instead of
+  measuring again, so adaptive controllers, static in the compiled loop, stay the same."""
   config, say, engines, methods = plan.config, plan.say, session.engines, plan.methods
   *_, cache_size = session.target.prepare(
     session.encoded[: config.batch_size], config.max_new_tokens
@@ -702,12 +708,16 @@ def decide(plan: Plan, session: Session) -> Decisions:
   if config.measure_costs and not plan.short_costs:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
-  tune_kernels(config, engines, methods, session.trees_of, cache_size, say, plan.short_costs)
+  known = {spec: c for spec, c in (known or {}).items() if spec in timed}
+  if len(known) < len(timed) - 1:  # (known costs: the kernels were chosen with them)
+    tune_kernels(config, engines, methods, session.trees_of, cache_size, say, plan.short_costs)
   saved = load_plan(plan.out_dir) if plan.lead and plan.resume else None
   costs = {}
   if saved is not None:  # the interrupted run's measurements: the same decisions again
     costs = {spec: Costs.from_json(c) for spec, c in saved['costs'].items()}
     say(f'resuming with the costs measured when the run started ({plan.out_dir / PLAN})')
+  elif len(timed) > 1 and len(known) == len(timed) - 1:
+    costs = known
   elif len(timed) > 1:
     costs = measure_costs(config, timed, methods, cache_size, say, plan.short_costs)
   adaptive = {
