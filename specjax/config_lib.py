@@ -74,14 +74,15 @@ def _flag_value(argv, name: str) -> str | None:
 
 
 def check_overrides(argv, flag: str = 'config') -> None:
-  """Raises ValueError for a --config.<field> override that the config file lacks.
+  """Raises ValueError for a --config.<field> override that the config file lacks, and
+  the config file's own errors (a bad argument after the colon) as they are.
 
   ml_collections reports those with a traceback from deep inside flag parsing; this
   names the override and the closest fields instead, before anything is loaded.
   """
   overrides = [a[len(flag) + 3 :].split('=', 1)[0] for a in argv if a.startswith(f'--{flag}.')]
   spec = _flag_value(argv, flag)
-  if not overrides or spec is None:
+  if spec is None:
     return
   file, _, arg = spec.partition(':')
   if not pathlib.Path(file).is_file():

@@ -15,6 +15,7 @@ plain text after BOS, without a chat template (`Tokenizer.use_chat_template` Fal
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -72,6 +73,26 @@ def check_model_spec(spec: str) -> None:
     f'file, a Hugging Face style directory, {hub.USAGE}, or a stand-in: '
     + ' or '.join(repr(registry.MODEL_SOURCES.get(n).usage) for n in registry.MODEL_SOURCES.names)
   )
+
+
+def peek_config(spec: str) -> LlamaConfig | None:
+  """The model's LlamaConfig from its header alone (config.json, or a GGUF file's metadata:
+  no weights read), or None where that would need a download (a Hub id, an asset not yet
+  fetched) or the spec is a test stand-in."""
+  if spec in MODEL_ASSETS:
+    path = assets.asset_path(spec)
+    return gguf.config_from_reader(gguf.open_reader(path), path) if path.is_file() else None
+  if hub.is_hub(spec) or stand_in(spec) is not None:
+    return None
+  if os.path.isdir(spec):
+    file = os.path.join(spec, hf.CONFIG_FILE)
+    if not os.path.isfile(file):
+      raise FileNotFoundError(f'Hugging Face config not found: {file}')
+    with open(file) as f:
+      return hf.config_from_hf(json.load(f), file)
+  if spec.endswith('.gguf'):
+    return gguf.config_from_reader(gguf.open_reader(spec), spec)
+  return None
 
 
 def load_model(spec: str, dtype: str = 'float32') -> LoadedModel:

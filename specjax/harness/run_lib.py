@@ -35,7 +35,7 @@ from specjax.data import specbench
 from specjax.decode.engine import Engine, NonFiniteLogits
 from specjax.drafters import ModelDrafter
 from specjax.drafters.multilevel import MultiLevelDrafter
-from specjax.harness import report, run_config, verdict
+from specjax.harness import pair_check, report, run_config, verdict
 from specjax.models import sharding as sharding_lib
 
 COST_GAMMAS = (1, 2, 4)  # always measured (with every gamma a method uses) for the cost model
@@ -601,6 +601,7 @@ def make_plan(
   say = print if verbose and lead else (lambda *a, **k: None)
   pairs.check_paths(config)  # a paper pair's config without its directories: what to pass
   methods = run_config.validate(config)
+  pair_check.check_pair(config, say)  # vocabularies and bytes per device, from the headers
   pairs.report_shapes(config, say)  # dry runs: the real models' bytes per device on the mesh
   resume = bool(config.get('resume', False))
   if resume and jax.process_count() > 1:
