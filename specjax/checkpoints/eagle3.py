@@ -1,8 +1,9 @@
 """EAGLE-3 heads on disk, in the layout vLLM and SGLang load (config.json + model.safetensors).
 
 specjax saves its heads in this layout and reads them back from it, so a head trained
-here is a vLLM / SGLang draft as it stands (`speculative_config={"method": "eagle3",
-"model": DIR}`). The names and conventions follow their loaders (vLLM
+here is a vLLM draft as it stands (`speculative_config={"method": "eagle3",
+"model": DIR}`); `python -m specjax.export --engine sglang` writes SGLang's form
+(specjax/export/engines.py). The names and conventions follow their loaders (vLLM
 model_executor/models/llama_eagle3.py, SGLang srt/models/llama_eagle3.py) and EAGLE's
 own trainer (eagle/traineagle3/cnets.py):
 
@@ -19,11 +20,15 @@ own trainer (eagle/traineagle3/cnets.py):
   t2d                                         [V] bool: target ids in the draft vocabulary
 
 The input embedding is the target's and is not stored (vLLM and SGLang then share the
-target's). config.json carries `draft_vocab_size`, the head's shape, `rope_theta` and
-`eagle_config.eagle_aux_hidden_state_layer_ids`: the layers whose incoming residual
-stream the head reads, in vLLM's convention (ids as in HF hidden_states[i]; SGLang adds
-one to each id it reads, so for SGLang write `i - 1`). Weights are bfloat16 on disk
-(float32 in memory); a `specjax` entry records how the head was trained.
+target's). config.json carries `draft_vocab_size`, the head's shape, `rope_theta` and the
+layers whose incoming residual stream the head reads, in vLLM's convention (ids as in HF
+hidden_states[i]), twice: top-level `eagle_aux_hidden_state_layer_ids`, which vLLM reads
+(v1/worker/gpu/spec_decode/eagle/eagle3_utils.py), and
+`eagle_config.eagle_aux_hidden_state_layer_ids`, which specjax reads back and SGLang reads
+and adds one to (SGLANG_SHIFT): as saved, a head would read one layer late in SGLang, so
+the SGLang export writes i - 1 there, marked `"exported_for": "sglang"` in the `specjax`
+entry (which otherwise records how the head was trained; load undoes the shift). Weights
+are bfloat16 on disk (float32 in memory).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from specjax.models.eagle import EagleConfig, check_params
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
 ARCHITECTURE = 'LlamaForCausalLMEagle3'
+SGLANG_SHIFT = 1  # SGLang captures the stream entering layer id + 1 (models/llama.py)
 
 # specjax layer tensor -> its EAGLE-3 name (matrices are transposed: torch stores (out, in))
 LAYER_NAMES = {
@@ -133,6 +139,7 @@ def hf_config(cfg: EagleConfig, info: dict | None = None) -> dict:
     'draft_vocab_size': cfg.draft_vocab,
     'tie_word_embeddings': False,
     'torch_dtype': 'bfloat16',
+    'eagle_aux_hidden_state_layer_ids': list(cfg.capture),
     'eagle_config': {
       'eagle_aux_hidden_state_layer_ids': list(cfg.capture),
       'use_aux_hidden_state': True,
@@ -170,6 +177,8 @@ def load(directory) -> tuple[EagleConfig, dict, dict]:
   c = json.loads((d / CONFIG_FILE).read_text())
   try:
     capture = tuple(int(i) for i in c['eagle_config']['eagle_aux_hidden_state_layer_ids'])
+    if isinstance(c.get('specjax'), dict) and c['specjax'].get('exported_for') == 'sglang':
+      capture = tuple(i + SGLANG_SHIFT for i in capture)
     cfg = EagleConfig(
       vocab_size=int(c['vocab_size']),
       draft_vocab=int(c['draft_vocab_size']),

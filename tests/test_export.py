@@ -1,0 +1,222 @@
+"""python -m specjax.export: EAGLE-3 heads for vLLM and SGLang (the same tensors, captured
+layer ids one apart), distilled drafts as a transformers assistant model with the draft's
+logits, and one-line errors before any model loads."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from specjax import testing
+from specjax.checkpoints import draft_dir, eagle3, loader
+from specjax.drafters import distilled
+from specjax.export import engines as export
+from specjax.models import eagle as eagle_model
+
+
+def save_head(directory, capture=(1, 2, 4), n_layers=4):
+  cfg, params = testing.tiny_model(seed=3, n_layers=n_layers)
+  ids = np.arange(0, cfg.vocab_size, 3)
+  hc = eagle_model.EagleConfig.for_target(cfg, len(ids), capture=capture)
+  hp = eagle_model.init_params(hc, jax.random.key(0), ids, params)
+  eagle3.save(directory, hc, hp, {'note': 'test'})
+  return hc
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  directory = tmp_path_factory.mktemp('head')
+  return directory, save_head(directory)
+
+
+@pytest.fixture(scope='module')
+def draft(tmp_path_factory):
+  """A distilled draft for the 'tiny' target: its layer 1, every other byte token."""
+  target = loader.load_model('tiny')
+  ids = np.arange(3, target.cfg.vocab_size, 2)
+  cfg, params = distilled.init_from_target(target.cfg, target.params, (1,), ids)
+  directory = tmp_path_factory.mktemp('draft')
+  draft_dir.save_draft(directory, cfg, params, {'target': 'tiny'})
+  return directory
+
+
+def run(capsys, *args):
+  """(status, stdout, stderr) of python -m specjax.export with `args`."""
+  rc = export.main([str(a) for a in args])
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+def config_of(directory):
+  return json.loads((directory / 'config.json').read_text())
+
+
+def test_vllm_and_sglang_get_the_same_tensors_and_layer_ids_one_apart(head, tmp_path, capsys):
+  src, hc = head
+  for engine in ('vllm', 'sglang'):
+    rc, out, err = run(capsys, '--draft', src, '--engine', engine, '--out', tmp_path / engine)
+    assert rc == 0 and not err, err
+    assert str(tmp_path / engine) in out
+  vllm, sglang = config_of(tmp_path / 'vllm'), config_of(tmp_path / 'sglang')
+  # vLLM reads the top-level key; SGLang reads eagle_config's and adds one.
+  assert vllm['eagle_aux_hidden_state_layer_ids'] == list(hc.capture) == [1, 2, 4]
+  assert vllm['eagle_config']['eagle_aux_hidden_state_layer_ids'] == [1, 2, 4]
+  assert sglang['eagle_config']['eagle_aux_hidden_state_layer_ids'] == [0, 1, 3]
+  assert 'eagle_aux_hidden_state_layer_ids' not in sglang
+  ids = lambda c: np.array(c['eagle_config']['eagle_aux_hidden_state_layer_ids'])
+  np.testing.assert_array_equal(ids(vllm) - ids(sglang), 1)
+  assert sglang['specjax'] == {'note': 'test', 'exported_for': 'sglang'}
+  assert vllm['specjax'] == {'note': 'test'}
+  rest = lambda c: {k: v for k, v in c.items() if k not in ('eagle_config', 'specjax')}
+  vllm_rest = rest(vllm)
+  del vllm_rest['eagle_aux_hidden_state_layer_ids']
+  assert rest(sglang) == vllm_rest
+  assert vllm['architectures'] == ['LlamaForCausalLMEagle3']
+  assert vllm['draft_vocab_size'] == hc.draft_vocab
+  # The weights: byte for byte the head's, under the names both loaders read.
+  weights = (src / 'model.safetensors').read_bytes()
+  for engine in ('vllm', 'sglang'):
+    assert (tmp_path / engine / 'model.safetensors').read_bytes() == weights
+  names = set(safetensors.numpy.load_file(str(tmp_path / 'sglang' / 'model.safetensors')))
+  assert {'fc.weight', 'norm.weight', 'lm_head.weight', 'd2t', 't2d'} <= names
+  assert set(eagle3.LAYER_NAMES.values()) <= names
+
+
+def test_exports_load_back_as_the_same_head(head, tmp_path, capsys):
+  src, hc = head
+  _, params, _ = eagle3.load(src)
+  for engine in ('vllm', 'sglang'):
+    assert run(capsys, '--draft', src, '--engine', engine, '--out', tmp_path / engine)[0] == 0
+    cfg2, params2, _ = eagle3.load(tmp_path / engine)
+    assert cfg2 == hc  # the SGLang export's ids are undone by its exported_for mark
+    jax.tree.map(np.testing.assert_array_equal, params, params2)
+  # An SGLang export exported again for vLLM gets vLLM's ids back.
+  assert (
+    run(capsys, '--draft', tmp_path / 'sglang', '--engine', 'vllm', '--out', tmp_path / 'v2')[0]
+    == 0
+  )
+  assert config_of(tmp_path / 'v2') == config_of(tmp_path / 'vllm')
+
+
+def test_a_distilled_draft_is_a_transformers_assistant_with_the_drafts_logits(
+  draft, tmp_path, capsys
+):
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  import jax.numpy as jnp
+
+  from specjax.models.kv_cache import KVCache
+
+  rc, out, err = run(
+    capsys, '--draft', draft, '--engine', 'hf', '--out', tmp_path / 'hf', '--target', 'tiny'
+  )
+  assert rc == 0 and not err, err
+  assert 'assistant_model=AutoModelForCausalLM.from_pretrained' in out
+  model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').eval()
+  assert type(model).__name__ == 'LlamaForCausalLM'
+  target = loader.load_model('tiny')
+  cfg, params, _ = draft_dir.load_draft_dir(draft, target.params['embed'])
+  tokens = np.random.default_rng(0).integers(3, 259, (2, 10))
+  ours, _ = distilled.subset_logits(params, jnp.asarray(tokens), KVCache.init(cfg, 2, 10), cfg)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(tokens)).logits.numpy()
+  ids = np.asarray(params['vocab_ids'])
+  np.testing.assert_allclose(theirs[..., ids], np.asarray(ours), rtol=1e-4, atol=1e-4)
+  np.testing.assert_array_equal(theirs.argmax(-1), ids[np.asarray(ours).argmax(-1)])
+  # vLLM and SGLang serve it as a plain draft model: the same directory.
+  for engine, words in (('vllm', '"method": "draft_model"'), ('sglang', 'STANDALONE')):
+    rc, out, err = run(
+      capsys, '--draft', draft, '--engine', engine, '--out', tmp_path / engine, '--target', 'tiny'
+    )
+    assert rc == 0 and words in out and 'same directory' in out, err
+    for name in ('config.json', 'model.safetensors'):
+      assert (tmp_path / engine / name).read_bytes() == (tmp_path / 'hf' / name).read_bytes()
+
+
+def test_snippets_name_each_engines_flags(head, tmp_path, capsys):
+  src, _ = head
+  rc, out, _ = run(
+    capsys,
+    '--draft',
+    src,
+    '--engine',
+    'vllm',
+    '--out',
+    tmp_path / 'v',
+    '--target',
+    'smollm2-135m-instruct',
+  )
+  assert rc == 0
+  assert "LLM(model='HuggingFaceTB/SmolLM2-135M-Instruct', speculative_config=" in out
+  assert f'"method": "eagle3", "model": "{tmp_path / "v"}", "num_speculative_tokens": 4' in out
+  rc, out, _ = run(capsys, '--draft', src, '--engine', 'sglang', '--out', tmp_path / 's')
+  assert rc == 0 and 'TARGET: the Hugging Face model' in out
+  assert '--model TARGET --speculative-algorithm EAGLE3 ' in out
+  assert f'--speculative-draft-model-path {tmp_path / "s"}' in out
+
+
+def no_loading(*args, **kwargs):
+  raise AssertionError('a model was loaded before the arguments were checked')
+
+
+ERRORS = [
+  ('neither', 'not a draft specjax saved'),
+  ('engine', "unknown engine 'tensorrt': expected vllm, sglang or hf"),
+  ('hf_head', export.HF_EAGLE3),
+  ('not_empty', 'exists and is not empty (pass --overwrite to replace its files)'),
+  ('out_is_draft', 'is the draft itself'),
+  ('two_layers', 'vLLM and SGLang build EAGLE-3 heads over exactly 3'),
+  ('layer_0', 'entering target layer 0'),
+  ('no_out', 'the following arguments are required: --out'),
+]
+
+
+@pytest.mark.parametrize('case, message', ERRORS, ids=[case for case, _ in ERRORS])
+def test_errors_are_one_line_before_any_model_loads(
+  case, message, head, draft, tmp_path, capsys, monkeypatch
+):
+  monkeypatch.setattr(loader, 'load_model', no_loading)
+  src, _ = head
+  out = tmp_path / 'out'
+  args = ['--draft', src, '--engine', 'vllm', '--out', out]
+  if case == 'neither':
+    (tmp_path / 'empty').mkdir()
+    args[1] = tmp_path / 'empty'
+  elif case == 'engine':
+    args[3] = 'tensorrt'
+  elif case == 'hf_head':
+    monkeypatch.setattr(eagle3, 'load', no_loading)
+    args[3] = 'hf'
+  elif case == 'not_empty':
+    out.mkdir()
+    (out / 'keep.txt').write_text('x')
+    args[1] = draft
+  elif case == 'out_is_draft':
+    args[5] = src
+  elif case in ('two_layers', 'layer_0'):
+    args[1] = tmp_path / 'head'
+    save_head(args[1], capture=(2, 4) if case == 'two_layers' else (0, 2, 4))
+  else:
+    args = args[:4]
+  if case == 'no_out':  # argparse's own error, made one line
+    with pytest.raises(SystemExit) as exit_info:
+      export.main([str(a) for a in args])
+    rc, err = exit_info.value.code, capsys.readouterr().err
+  else:
+    rc, _, err = run(capsys, *args)
+  assert rc == 2
+  assert err.startswith('error: ') and err.count('\n') == 1, err
+  assert message in err
+  assert not (out / 'config.json').exists() and not (out / 'model.safetensors').exists()
+
+
+def test_overwrite_writes_into_a_non_empty_directory(head, tmp_path, capsys):
+  src, _ = head
+  out = tmp_path / 'out'
+  out.mkdir()
+  (out / 'keep.txt').write_text('x')
+  assert run(capsys, '--draft', src, '--engine', 'vllm', '--out', out, '--overwrite')[0] == 0
+  assert (out / 'keep.txt').read_text() == 'x'
+  assert eagle3.is_head_dir(out)
