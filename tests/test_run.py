@@ -65,12 +65,27 @@ def test_tiny_prompt_set_writes_results(tmp_path):
     assert spec['latency_ms_per_token']['p50'] <= spec['latency_ms']['p50']
     assert spec['greedy_mismatches'] == 0  # greedy speculative output is the target's
     assert spec['near_ties'] == 0
+    # Per draft position: counts that pool across runs, and their ratio.
+    proposed, accepted = spec['proposed_by_position'], spec['accepted_by_position']
+    assert len(proposed) == len(accepted) == spec['gamma'] > 0
+    assert all(0 <= a <= p for a, p in zip(accepted, proposed))
+    assert proposed == sorted(proposed, reverse=True) and accepted == sorted(accepted, reverse=True)
+    mine = [r for r in records if r['method'] == name]
+    assert sum(accepted) == sum(sum(r['accepted']) for r in mine)
+    for key in ('speedup', 'decode_speedup', 'tokens_per_call'):
+      lo, hi = spec[f'{key}_ci95']
+      assert lo <= hi, key
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['batch_size'] == 2
   for m in saved['methods'].values():  # per category: the prompts' own categories
     assert set(m['categories']) == {'default', 'greet', 'math'}
     assert sum(c['new_tokens'] for c in m['categories'].values()) == m['new_tokens']
   rows = (tmp_path / 'out' / 'results.csv').read_text().splitlines()
   assert rows[0].startswith('method,category,gamma,acceptance_rate,tokens_per_call')
+  figures = ('speedup', 'decode_speedup', 'tokens_per_call', 'acceptance_rate', 'alpha')
+  added = ['alpha', *(f'{k}_ci95_{end}' for k in figures for end in ('lo', 'hi'))]
+  assert rows[0].split(',')[16:] == [*added, 'accepted_by_position']
+  assert saved['provenance']['accelerator']['backend'] == 'cpu'
+  assert 'XLA_FLAGS' in saved['provenance']['environment']
   assert len(rows) == 1 + 5 * 4  # 5 methods x (all + 3 categories)
   for png in ('acceptance_by_position', 'speedup_vs_gamma', 'latency_cdf', 'adaptive_gamma'):
     assert (tmp_path / 'out' / f'{png}.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -8,7 +8,7 @@ import pytest
 import tokenizers
 
 from specjax import config_lib, testing
-from specjax.bench import leaderboard
+from specjax.bench import leaderboard, specbench_answers
 from specjax.data import specbench
 from specjax.data.prompts import Prompt, load_prompts
 from specjax.formats.tokenizer import Tokenizer
@@ -223,6 +223,85 @@ def test_tiny_run_writes_the_leaderboard_and_charts(tmp_path):
   # No summarization or math_reasoning questions: '-' in their columns.
   assert '| autoregressive | 1.00x | 1.00x | - | 1.00x | - | 1.00x | 1.00 | 1.00x |' in text
   assert (out / 'specbench_ngram_2.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  check_specbench_answers(out, records, summary)
+
+
+def check_specbench_answers(out, records, summary):
+  """Spec-Bench's answer files of a batch-1 run: its fields, and speed.py's figures from them
+  against the run's own."""
+  folder = out / 'specbench_answers'
+  assert sorted(p.name for p in folder.iterdir()) == ['autoregressive.jsonl', 'ngram@2.jsonl']
+  lines = specbench_answers.read(folder / 'ngram@2.jsonl')
+  base = specbench_answers.read(folder / 'autoregressive.jsonl')
+  assert [a['question_id'] for a in base] == [81, 131, 161, 241, 'r1']
+  assert set(base[0]) == {'question_id', 'category', 'answer_id', 'model_id', 'choices', 'tstamp'}
+  assert base[0]['model_id'].endswith('-autoregressive') and base[0]['category'] == 'writing'
+  turns = [r for r in records if r['method'] == 'ngram@2' and r['id'] == '81']
+  choice = lines[0]['choices'][0]
+  assert choice['index'] == 0 and choice['turns'] == [r['output'].strip() for r in turns]
+  assert choice['new_tokens'] == [r['new_tokens'] for r in turns]
+  assert choice['decoding_steps'] == [r['target_calls'] for r in turns]
+  assert choice['wall_time'] == pytest.approx([r['latency_ms'] / 1e3 for r in turns])
+  assert sum(choice['accept_lengths']) == sum(choice['new_tokens'])
+  assert len(choice['accept_lengths']) == sum(choice['decoding_steps'])
+  assert base[0]['choices'][0]['accept_lengths'] == [1] * sum(base[0]['choices'][0]['new_tokens'])
+  # Mean accepted tokens is tokens per call; the pooled speedup is specjax's (batch 1), per
+  # category too, and MT-bench's is the leaderboard's Multi-turn Conversation column.
+  m = summary['methods']['ngram@2']
+  fig = specbench_answers.speed(lines, base, pooled=True)
+  assert fig['speedup'] == pytest.approx(m['speedup'], rel=1e-9)
+  assert fig['mean_accepted_tokens'] == pytest.approx(m['tokens_per_call'], rel=1e-12)
+  for cat, sub in m['categories'].items():
+    fig = specbench_answers.speed(lines, base, cat, pooled=True)
+    assert fig['speedup'] == pytest.approx(sub['speedup'], rel=1e-9)
+    assert fig['mean_accepted_tokens'] == pytest.approx(sub['tokens_per_call'], rel=1e-12)
+  by_method = {}
+  for r in records:
+    by_method.setdefault(r['method'], []).append(r)
+  mt = leaderboard.leaderboard(by_method)['columns']['Multi-turn Conversation']['ngram@2']
+  fig = specbench_answers.speed(lines, base, 'mt_bench', pooled=True)
+  assert fig['speedup'] == pytest.approx(mt['speedup'], rel=1e-9)
+
+  # speed.py's own speedup: the mean over questions of tokens / seconds, turns summed.
+  def mean_rate(method):
+    per_question = {}
+    for r in by_method[method]:
+      n, s = per_question.get(r['id'], (0, 0.0))
+      per_question[r['id']] = (n + r['new_tokens'], s + r['latency_ms'] / 1e3)
+    return sum(n / s for n, s in per_question.values()) / len(per_question)
+
+  fig = specbench_answers.speed(lines, base)
+  assert fig['tokens_per_second'] == pytest.approx(mean_rate('ngram@2'), rel=1e-12)
+  assert fig['speedup'] == pytest.approx(mean_rate('ngram@2') / mean_rate('autoregressive'))
+  # speed.py counts the baseline's tokens from its texts: a tokenizer passed in does that.
+  counted = specbench_answers.speed(lines, base, baseline_tokens=lambda text: 2 * len(text) + 1)
+  assert counted['tokens_per_second'] == fig['tokens_per_second']
+  assert counted['baseline_tokens_per_second'] != fig['baseline_tokens_per_second']
+
+
+def test_speed_of_hand_made_answers():
+  # Two questions: speed.py's mean of per-question rates differs from the pooled ratio.
+  def line(cat, tokens, seconds, lengths):
+    choice = {'new_tokens': tokens, 'wall_time': seconds, 'accept_lengths': lengths}
+    return {'category': cat, 'choices': [choice | {'turns': ['x'] * len(tokens)}]}
+
+  ours = [line('writing', [6, 4], [1.0, 1.0], [1, 3, 2, 1, 3]), line('qa', [6], [3.0], [1, 5])]
+  base = [line('writing', [10], [4.0], [1] * 10), line('qa', [6], [6.0], [1] * 6)]
+  fig = specbench_answers.speed(ours, base)
+  assert fig['tokens_per_second'] == pytest.approx((10 / 2 + 6 / 3) / 2)  # 3.5
+  assert fig['baseline_tokens_per_second'] == pytest.approx((10 / 4 + 6 / 6) / 2)  # 1.75
+  assert fig['speedup'] == pytest.approx(2.0)
+  assert fig['mean_accepted_tokens'] == pytest.approx(16 / 7)
+  pooled = specbench_answers.speed(ours, base, pooled=True)
+  assert pooled['speedup'] == pytest.approx((16 / 5) / (16 / 10))
+  assert specbench_answers.speed(ours, base, 'mt_bench')['speedup'] == pytest.approx(2.0)
+  assert specbench_answers.speed(ours, base, 'qa')['mean_accepted_tokens'] == 3.0
+
+
+def test_accept_lengths_add_up_to_the_tokens_kept():
+  assert specbench_answers.accept_lengths({'accepted': [2, 0, 3], 'new_tokens': 8}) == [1, 3, 1, 3]
+  assert specbench_answers.accept_lengths({'accepted': [], 'new_tokens': 1}) == [1]
+  assert specbench_answers.file_name('truncated:1@4') == 'truncated_1@4.jsonl'
 
 
 def test_cache_too_small_for_the_second_turn_is_named_before_decoding(tmp_path):

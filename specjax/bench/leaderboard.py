@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import ml_collections
 
-from specjax.bench import metrics, tables
+from specjax.bench import metrics, specbench_answers, tables
 from specjax.data import specbench
 
 BASELINE = 'autoregressive'
@@ -166,10 +166,12 @@ def plot(out_dir: pathlib.Path, records: Mapping[str, list[dict]]) -> list[pathl
 
 
 def write(out_dir: pathlib.Path, records, summary, config) -> list[pathlib.Path]:
-  """results_specbench.md and the bar charts; returns their paths."""
+  """results_specbench.md, the bar charts and Spec-Bench's own answer files
+  (specbench_answers/<method>.jsonl, specbench_answers.py); returns their paths."""
   path = out_dir / 'results_specbench.md'
   path.write_text(markdown(records, summary, config))
-  return [path, *plot(out_dir, records)]
+  answers = specbench_answers.write(out_dir, records, summary['model'])
+  return [path, *plot(out_dir, records), *answers]
 
 
 MERGE_KEYS = ('model', 'max_new_tokens', 'temperature', 'batch_size', 'verifier')

@@ -5,7 +5,9 @@ iteration what was drafted and accepted, timings). `summarize_method` turns a me
 records into a `Summary` — the one place where tokens per call, acceptance, the per-token
 acceptance alpha and the latency percentiles are computed — and `summarize` does it for
 every method, overall and per category, with the cost model's prediction when costs were
-measured. results.json holds `Summary.to_json()` per method; `Summary.from_json` reads it back.
+measured, the per-position acceptance counts (`position_counts`) and a bootstrap interval
+over prompts for each speedup and acceptance figure (`bootstrap_ci`, `confidence_intervals`).
+results.json holds `Summary.to_json()` per method; `Summary.from_json` reads it back.
 """
 
 from __future__ import annotations
@@ -42,6 +44,131 @@ def per_token_alpha(pairs: Sequence[tuple[int, int]]) -> float | None:
     return None
   successes = sum(a for a, _ in pairs)
   return successes / max(successes + sum(a < d for a, d in pairs), 1)
+
+
+def position_counts(recs) -> tuple[list[int], list[int]]:
+  """(proposed, accepted) per draft position i = 1..gamma over the records' iterations:
+  how many drafted a token at position i (drafted >= i) and how many accepted it
+  (accepted >= i). Counts, so runs pool by adding them; their ratio is the curve of
+  acceptance_by_position.png. (A tree's iterations draft every depth up to gamma.)"""
+  gamma = max((r['gamma'] for r in recs), default=0)
+  pairs = [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+  pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+  i = np.arange(1, gamma + 1)[None]  # [1, gamma]
+  drafted = pairs[:, 1:] >= i
+  return drafted.sum(0).tolist(), (drafted & (pairs[:, :1] >= i)).sum(0).tolist()
+
+
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def bootstrap_ci(
+  per_unit, figure, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> list[float] | None:
+  """The 95% percentile bootstrap interval [lo, hi] of a figure of column totals.
+
+  `per_unit` [n, k]: each unit's (prompt's) sums of k quantities; `figure` maps totals
+  [..., k] to the figure [...] (e.g. a ratio of two totals, as the run computes its
+  figures over all prompts). Each of `resamples` resamples draws n units with replacement
+  (numpy's default_rng(seed): the same interval for the same input); the interval is the
+  2.5th and 97.5th percentiles of the figure over the resamples where it is finite (None
+  if it is nowhere).
+  """
+  x = np.asarray(per_unit, np.float64)
+  n = len(x)
+  if not n:
+    return None
+  picks = np.random.default_rng(seed).integers(0, n, (resamples, n))
+  flat = (picks + n * np.arange(resamples)[:, None]).ravel()
+  weights = np.bincount(flat, minlength=resamples * n).reshape(resamples, n)  # [R, n]
+  with np.errstate(divide='ignore', invalid='ignore'):
+    values = np.asarray(figure(weights @ x), np.float64)  # [R]
+  values = values[np.isfinite(values)]
+  if not values.size:
+    return None
+  lo, hi = np.percentile(values, [2.5, 97.5])
+  return [float(lo), float(hi)]
+
+
+# The columns of prompt_units, and each figure as a function of their totals t [..., k].
+UNIT_COLUMNS = (
+  'new_tokens',
+  'seconds',  # the prompt's share of its batches' time (prefill included)
+  'decode_tokens',  # new tokens after the prefill's
+  'decode_seconds',  # its share of its batches' decode-loop time
+  'base_new_tokens',
+  'base_seconds',
+  'base_decode_tokens',
+  'base_decode_seconds',
+  'target_calls',
+  'accepted',
+  'drafted',
+  'successes',  # per_token_alpha's
+  'failures',
+)
+CI_FIGURES = {
+  'speedup': lambda t: (t[..., 0] / t[..., 1]) / (t[..., 4] / t[..., 5]),
+  'decode_speedup': lambda t: (t[..., 2] / t[..., 3]) / (t[..., 6] / t[..., 7]),
+  'tokens_per_call': lambda t: t[..., 0] / t[..., 8],
+  'acceptance_rate': lambda t: t[..., 9] / t[..., 10],
+  'alpha': lambda t: t[..., 11] / (t[..., 11] + t[..., 12]),
+}
+
+
+def _shares(recs, key: str) -> list[float]:
+  """Each record's share of its batch's time `key` (the batch's rows among `recs` split it
+  evenly), so shares add up to the time summarize_method counts for `recs`."""
+  rows: dict = {}
+  for r in recs:
+    rows[r['batch']] = rows.get(r['batch'], 0) + 1
+  return [r[key] / 1e3 / rows[r['batch']] for r in recs]
+
+
+def prompt_units(recs, baseline) -> np.ndarray:
+  """[prompts, UNIT_COLUMNS] sums per prompt (every turn of a multi-turn prompt is one
+  unit: records of the same category and id) of a method's records and the baseline's,
+  aligned. Their column totals give back summarize_method's figures."""
+  units: dict = {}
+  columns = zip(
+    recs,
+    baseline,
+    _shares(recs, 'latency_ms'),
+    _shares(recs, 'decode_ms'),
+    _shares(baseline, 'latency_ms'),
+    _shares(baseline, 'decode_ms'),
+  )
+  for k, (r, b, sec, dec, bsec, bdec) in enumerate(columns):
+    pairs = [(a, d) for a, d in zip(r['accepted'], r['drafted']) if d > 0]
+    row = [
+      r['new_tokens'],
+      sec,
+      r['new_tokens'] - 1,
+      dec,
+      b['new_tokens'],
+      bsec,
+      b['new_tokens'] - 1,
+      bdec,
+      r['target_calls'],
+      sum(r['accepted']),
+      sum(r['drafted']),
+      sum(a for a, _ in pairs),
+      sum(a < d for a, d in pairs),
+    ]
+    key = (r.get('category'), r.get('id', k))
+    units[key] = [x + y for x, y in zip(units.get(key, [0.0] * len(row)), row)]
+  return np.asarray(list(units.values()), np.float64).reshape(-1, len(UNIT_COLUMNS))
+
+
+def confidence_intervals(m: Summary, recs, baseline, compared: bool = True) -> None:
+  """Sets m's *_ci95 (in place): bootstrap_ci over the prompts of `recs` for each figure
+  the Summary has (speedups only when `compared` with autoregressive `baseline`)."""
+  units = prompt_units(recs, baseline)
+  for name, figure in CI_FIGURES.items():
+    ci = None
+    if getattr(m, name) is not None and (compared or 'speedup' not in name):
+      ci = bootstrap_ci(units, figure)
+    setattr(m, f'{name}_ci95', ci)
 
 
 def row_record(out, row: int, method: str = '', batch: int = 0) -> dict:
@@ -114,6 +241,17 @@ class Summary:
   predicted_speedup: float | None = None
   time_split_ms: dict[str, float] | None = None
   near_ties: int | None = None  # greedy mismatches that start at a near-tie
+  # Per draft position i = 1..gamma (position_counts): iterations that drafted a token at
+  # position i, those that accepted it, and their ratio (None where never drafted).
+  proposed_by_position: list[int] | None = None
+  accepted_by_position: list[int] | None = None
+  acceptance_by_position: list[float | None] | None = None
+  # 95% bootstrap intervals over prompts, [lo, hi] (confidence_intervals; None: no figure).
+  speedup_ci95: list[float] | None = None
+  decode_speedup_ci95: list[float] | None = None
+  tokens_per_call_ci95: list[float] | None = None
+  acceptance_rate_ci95: list[float] | None = None
+  alpha_ci95: list[float] | None = None
   categories: dict[str, Summary] = dataclasses.field(default_factory=dict)
 
   def to_json(self) -> dict:
@@ -137,6 +275,7 @@ def summarize_method(recs, baseline, compile_seconds: float | None = None) -> Su
   batches = {r['batch']: r for r in recs}.values()  # the decode loop's time is per batch
   decode_s = sum(r['decode_ms'] for r in batches) / 1e3
   tried = [a for a, _ in pairs]
+  proposed, accepted = position_counts(recs)
   return Summary(
     gamma=recs[0]['gamma'],
     new_tokens=new,
@@ -157,6 +296,9 @@ def summarize_method(recs, baseline, compile_seconds: float | None = None) -> Su
     greedy_mismatches=sum(r['tokens'] != b['tokens'] for r, b in zip(recs, baseline)),
     switches=sum(r['switches'] for r in batches),
     compile_seconds=compile_seconds,
+    proposed_by_position=proposed,
+    accepted_by_position=accepted,
+    acceptance_by_position=[a / p if p else None for a, p in zip(accepted, proposed)],
   )
 
 
@@ -240,7 +382,8 @@ def safe_ratio(a: float, b: float) -> float:
 
 
 def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, costs=None):
-  """{method: Summary} overall and per category, speedups against 'autoregressive'.
+  """{method: Summary} overall and per category, speedups against 'autoregressive', each
+  figure with its bootstrap interval over prompts (confidence_intervals).
 
   Without an 'autoregressive' method (the Python API's uncompared runs) speedups and
   greedy mismatches are None. `plans` maps a method name to (draft spec, gamma, adaptive,
@@ -275,12 +418,19 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
     for m in out.values():
       for sub in (m, *m.categories.values()):
         sub.speedup = sub.decode_speedup = sub.greedy_mismatches = None
-    return out, categories
-  base = out['autoregressive']
-  for m in out.values():
-    for sub, ref in [(m, base), *((m.categories[c], base.categories[c]) for c in categories)]:
-      sub.speedup = safe_ratio(sub.tokens_per_second, ref.tokens_per_second)
-      sub.decode_speedup = safe_ratio(sub.decode_tokens_per_second, ref.decode_tokens_per_second)
+  else:
+    base = out['autoregressive']
+    for m in out.values():
+      for sub, ref in [(m, base), *((m.categories[c], base.categories[c]) for c in categories)]:
+        sub.speedup = safe_ratio(sub.tokens_per_second, ref.tokens_per_second)
+        sub.decode_speedup = safe_ratio(sub.decode_tokens_per_second, ref.decode_tokens_per_second)
+  for name, recs in records.items():
+    baseline = first if compared else recs
+    confidence_intervals(out[name], recs, baseline, compared)
+    for cat in categories:
+      pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
+      sub_recs, sub_base = [recs[i] for i in pick], [baseline[i] for i in pick]
+      confidence_intervals(out[name].categories[cat], sub_recs, sub_base, compared)
   return out, categories
 
 

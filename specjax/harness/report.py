@@ -31,7 +31,19 @@ COLUMNS = (
   'zero_accept_fraction',
   'greedy_mismatches',
   'new_tokens',
+  # Added after the columns above (readers that index columns keep working):
+  'alpha',
+  *(f'{name}_ci95_{end}' for name in metrics.CI_FIGURES for end in ('lo', 'hi')),
+  'accepted_by_position',
 )
+
+
+def position_cell(m: Summary) -> str | None:
+  """'a1/p1;a2/p2;...': per draft position, iterations that accepted / proposed a token
+  there (None without positions, e.g. autoregressive decoding)."""
+  if not m.proposed_by_position:
+    return None
+  return ';'.join(f'{a}/{p}' for a, p in zip(m.accepted_by_position, m.proposed_by_position))
 
 
 def _row(method: str, category: str, m: Summary) -> dict:
@@ -40,6 +52,10 @@ def _row(method: str, category: str, m: Summary) -> dict:
   for q in ('p50', 'p90', 'p99'):
     row[f'latency_ms_{q}'] = m.latency_ms[q]
   row['ms_per_token_p99'] = m.latency_ms_per_token['p99']
+  for name in metrics.CI_FIGURES:
+    ci = getattr(m, f'{name}_ci95') or (None, None)
+    row[f'{name}_ci95_lo'], row[f'{name}_ci95_hi'] = ci
+  row['accepted_by_position'] = position_cell(m)
   return row
 
 
@@ -136,9 +152,17 @@ def show_texts(say, records, greedy: bool) -> None:
 
 TABLE_NOTE = (
   '(accept: accepted / drafted tokens; alpha: per-token acceptance probability; '
-  'speedup: end to end, prefill included; predicted: the cost model on the decode '
-  'loop, compare with decode_speedup in results.json)'
+  'speedup: end to end, prefill included; [lo, hi]: 95% bootstrap interval over prompts; '
+  'predicted: the cost model on the decode loop, compare with decode_speedup in results.json)'
 )
+
+
+def with_ci(value: float | None, ci, unit: str = '') -> str | None:
+  """'1.89x [1.71, 2.05]': a figure and its interval (the figure alone without one)."""
+  if value is None:
+    return None
+  text = f'{value:.2f}{unit}'
+  return text if not ci else f'{text} [{ci[0]:.2f}, {ci[1]:.2f}]'
 
 
 def format_table(summary: dict) -> str:
@@ -151,11 +175,11 @@ def format_table(summary: dict) -> str:
     rows.append(
       [
         name,
-        m.acceptance_rate,
+        with_ci(m.acceptance_rate, m.acceptance_rate_ci95),
         m.alpha,
         m.tokens_per_call,
         m.tokens_per_second,
-        f'{m.speedup:.2f}x',
+        with_ci(m.speedup, m.speedup_ci95, 'x'),
         None if m.predicted_speedup is None else f'{m.predicted_speedup:.2f}x',
         m.latency_ms['p50'],
         m.latency_ms['p99'],
@@ -181,22 +205,16 @@ def format_best_gamma(summary: dict) -> str:
 
 
 def acceptance_by_position(recs: list[dict]) -> np.ndarray:
-  """P(the i-th draft token is accepted | drafted), i = 1..gamma (nan where never drafted)."""
-  gamma = recs[0]['gamma']
-  pairs = np.array(
-    [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
-  ).reshape(-1, 2)
-  out = np.full(gamma, np.nan)
-  for i in range(1, gamma + 1):
-    drafted = pairs[:, 1] >= i
-    if drafted.any():
-      out[i - 1] = (pairs[drafted, 0] >= i).mean()
-  return out
+  """P(the i-th draft token is accepted | drafted), i = 1..gamma (nan where never drafted):
+  metrics.position_counts' ratio, as results.json's acceptance_by_position."""
+  proposed, accepted = (np.asarray(c, np.float64) for c in metrics.position_counts(recs))
+  return np.where(proposed > 0, accepted / np.maximum(proposed, 1), np.nan)
 
 
 def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathlib.Path]:
-  """acceptance_by_position.png, speedup_vs_gamma.png, latency_cdf.png, and
-  adaptive_gamma.png when adaptive methods ran."""
+  """acceptance_by_position.png, speedup_vs_gamma.png (speedups and tokens per call with
+  their bootstrap intervals as error bars), latency_cdf.png, and adaptive_gamma.png when
+  adaptive methods ran."""
   from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
   paths = []
@@ -225,20 +243,24 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
       m = Summary.from_json(data)
       draft, _, setting = name.rpartition('@')
       if setting.isdigit():
-        drafts.setdefault(draft, []).append((int(setting), m.speedup, m.tokens_per_call))
+        drafts.setdefault(draft, []).append((int(setting), m))
       elif setting == 'adaptive':
         adaptive[draft] = m
     for draft, points in drafts.items():
-      g, speed, tpc = zip(*sorted(points))
-      (line,) = left.plot(g, speed, marker='o', label=draft)
-      right.plot(g, tpc, marker='o', label=draft)
+      points.sort(key=lambda p: p[0])
+      g = [p[0] for p in points]
+      ms = [p[1] for p in points]
+      speed = [m.speedup for m in ms]
+      tpc = [m.tokens_per_call for m in ms]
+      bars = _bars(speed, [m.speedup_ci95 for m in ms])
+      line = left.errorbar(g, speed, bars, marker='o', capsize=3, label=draft)[0]
+      bars = _bars(tpc, [m.tokens_per_call_ci95 for m in ms])
+      right.errorbar(g, tpc, bars, marker='o', capsize=3, label=draft)
       if draft in adaptive:
-        left.axhline(
-          adaptive[draft].speedup, color=line.get_color(), linestyle=':', label=f'{draft} adaptive'
-        )
+        _adaptive_line(left, adaptive[draft], draft, line.get_color())
     for draft, m in adaptive.items():
       if draft not in drafts:
-        left.axhline(m.speedup, linestyle=':', label=f'{draft} adaptive')
+        _adaptive_line(left, m, draft)
     left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
     left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
     right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')
@@ -274,6 +296,22 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
   ax.legend(fontsize=7)
   paths.append(_save(fig, out_dir / 'latency_cdf.png'))
   return paths
+
+
+def _bars(values, cis) -> np.ndarray:
+  """[2, n] error bar lengths below and above each value from its [lo, hi] (0 without one)."""
+  out = np.zeros((2, len(values)))
+  for i, (v, ci) in enumerate(zip(values, cis)):
+    if ci and v is not None and np.isfinite(v):
+      out[:, i] = max(v - ci[0], 0.0), max(ci[1] - v, 0.0)
+  return out
+
+
+def _adaptive_line(ax, m: Summary, draft: str, color=None) -> None:
+  """An adaptive method's speedup as a dotted line, its bootstrap interval as a band."""
+  line = ax.axhline(m.speedup, color=color, linestyle=':', label=f'{draft} adaptive')
+  if m.speedup_ci95:
+    ax.axhspan(*m.speedup_ci95, color=line.get_color(), alpha=0.12, linewidth=0)
 
 
 def _save(fig, path: pathlib.Path) -> pathlib.Path:
