@@ -217,9 +217,20 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
   adaptive methods ran."""
   from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
-  paths = []
-  spec = {name: recs for name, recs in records.items() if recs[0]['gamma'] > 0}
+  paths = [_save(_acceptance_figure(Figure, records), out_dir / 'acceptance_by_position.png')]
+  if 'autoregressive' in summary['methods']:  # speedups need the baseline
+    fig = _speedup_figure(Figure, summary)
+    paths.append(_save(fig, out_dir / 'speedup_vs_gamma.png'))
+  adaptive = [name for name in records if name.endswith('@adaptive')]
+  if adaptive:
+    fig = _adaptive_figure(Figure, records, adaptive)
+    paths.append(_save(fig, out_dir / 'adaptive_gamma.png'))
+  paths.append(_save(_latency_figure(Figure, records), out_dir / 'latency_cdf.png'))
+  return paths
 
+
+def _acceptance_figure(Figure, records: dict):
+  spec = {name: recs for name, recs in records.items() if recs[0]['gamma'] > 0}
   fig = Figure(figsize=(6, 4))
   ax = fig.subplots()
   for name, recs in spec.items():
@@ -233,60 +244,63 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
   )
   if spec:
     ax.legend(fontsize=7)
-  paths.append(_save(fig, out_dir / 'acceptance_by_position.png'))
+  return fig
 
-  if 'autoregressive' in summary['methods']:  # speedups need the baseline
-    fig = Figure(figsize=(10, 4))
-    left, right = fig.subplots(1, 2)
-    drafts, adaptive = {}, {}
-    for name, data in summary['methods'].items():
-      m = Summary.from_json(data)
-      draft, _, setting = name.rpartition('@')
-      if setting.isdigit():
-        drafts.setdefault(draft, []).append((int(setting), m))
-      elif setting == 'adaptive':
-        adaptive[draft] = m
-    for draft, points in drafts.items():
-      points.sort(key=lambda p: p[0])
-      g = [p[0] for p in points]
-      ms = [p[1] for p in points]
-      speed = [m.speedup for m in ms]
-      tpc = [m.tokens_per_call for m in ms]
-      bars = _bars(speed, [m.speedup_ci95 for m in ms])
-      line = left.errorbar(g, speed, bars, marker='o', capsize=3, label=draft)[0]
-      bars = _bars(tpc, [m.tokens_per_call_ci95 for m in ms])
-      right.errorbar(g, tpc, bars, marker='o', capsize=3, label=draft)
-      if draft in adaptive:
-        _adaptive_line(left, adaptive[draft], draft, line.get_color())
-    for draft, m in adaptive.items():
-      if draft not in drafts:
-        _adaptive_line(left, m, draft)
-    left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
-    left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
-    right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')
-    if drafts:
-      left.legend(fontsize=7)
-    paths.append(_save(fig, out_dir / 'speedup_vs_gamma.png'))
 
-  adaptive = [name for name in records if name.endswith('@adaptive')]
-  if adaptive:
-    fig = Figure(figsize=(10, 2.2 * len(adaptive)))
-    axes = fig.subplots(len(adaptive), 1, squeeze=False)
-    for ax, name in zip(axes[:, 0], adaptive):
-      seq, bounds = [], []
-      for r in records[name]:  # requests in order; drafted 0 = a plain step
-        seq += r['drafted']
-        bounds.append(len(seq))
-      ax.step(range(len(seq)), seq, where='post', linewidth=0.8)
-      for b in bounds[:-1]:
-        ax.axvline(b, color='gray', linewidth=0.3)
-      ax.set(
-        ylabel='gamma',
-        title=f'{name}: draft length per iteration (0 = plain step; gray lines separate requests)',
-      )
-    axes[-1, 0].set_xlabel('iteration')
-    paths.append(_save(fig, out_dir / 'adaptive_gamma.png'))
+def _speedup_figure(Figure, summary: dict):
+  fig = Figure(figsize=(10, 4))
+  left, right = fig.subplots(1, 2)
+  drafts, adaptive = {}, {}
+  for name, data in summary['methods'].items():
+    m = Summary.from_json(data)
+    draft, _, setting = name.rpartition('@')
+    if setting.isdigit():
+      drafts.setdefault(draft, []).append((int(setting), m))
+    elif setting == 'adaptive':
+      adaptive[draft] = m
+  for draft, points in drafts.items():
+    points.sort(key=lambda p: p[0])
+    g = [p[0] for p in points]
+    ms = [p[1] for p in points]
+    speed = [m.speedup for m in ms]
+    tpc = [m.tokens_per_call for m in ms]
+    bars = _bars(speed, [m.speedup_ci95 for m in ms])
+    line = left.errorbar(g, speed, bars, marker='o', capsize=3, label=draft)[0]
+    bars = _bars(tpc, [m.tokens_per_call_ci95 for m in ms])
+    right.errorbar(g, tpc, bars, marker='o', capsize=3, label=draft)
+    if draft in adaptive:
+      _adaptive_line(left, adaptive[draft], draft, line.get_color())
+  for draft, m in adaptive.items():
+    if draft not in drafts:
+      _adaptive_line(left, m, draft)
+  left.axhline(1.0, color='gray', linestyle='--', linewidth=1)
+  left.set(xlabel='gamma', ylabel='speedup over autoregressive', title='Speedup')
+  right.set(xlabel='gamma', ylabel='tokens per target call', title='Tokens per call')
+  if drafts:
+    left.legend(fontsize=7)
+  return fig
 
+
+def _adaptive_figure(Figure, records: dict, adaptive: list[str]):
+  fig = Figure(figsize=(10, 2.2 * len(adaptive)))
+  axes = fig.subplots(len(adaptive), 1, squeeze=False)
+  for ax, name in zip(axes[:, 0], adaptive):
+    seq, bounds = [], []
+    for r in records[name]:  # requests in order; drafted 0 = a plain step
+      seq += r['drafted']
+      bounds.append(len(seq))
+    ax.step(range(len(seq)), seq, where='post', linewidth=0.8)
+    for b in bounds[:-1]:
+      ax.axvline(b, color='gray', linewidth=0.3)
+    ax.set(
+      ylabel='gamma',
+      title=f'{name}: draft length per iteration (0 = plain step; gray lines separate requests)',
+    )
+  axes[-1, 0].set_xlabel('iteration')
+  return fig
+
+
+def _latency_figure(Figure, records: dict):
   fig = Figure(figsize=(6, 4))
   ax = fig.subplots()
   for name, recs in records.items():
@@ -294,8 +308,7 @@ def plot_all(out_dir: pathlib.Path, records: dict, summary: dict) -> list[pathli
     ax.step(lat, np.arange(1, len(lat) + 1) / len(lat), where='post', label=name)
   ax.set(xlabel='request latency (ms)', ylabel='fraction of requests', title='Latency CDF')
   ax.legend(fontsize=7)
-  paths.append(_save(fig, out_dir / 'latency_cdf.png'))
-  return paths
+  return fig
 
 
 def _bars(values, cis) -> np.ndarray:
