@@ -2,6 +2,7 @@
 SmolLM2-135M-Instruct GGUF on the fly, each judged broken with the right suspect; the file
 itself and its proper re-quantisations judged sound; bad input as one line."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -48,7 +49,8 @@ def broken(shipped, tmp_path_factory):
 @pytest.mark.parametrize('name,suspect,why', [(n, s, w) for n, _, s, w in DEFECTS])
 def test_each_defect_is_found_statically_with_its_tensor(shipped, broken, name, suspect, why):
   _, ref, cfg = shipped
-  found = static.compare_files(ref, open_reader(broken[name]), static.qk_heads(cfg))
+  reference = static.gguf_reference(ref, cfg)
+  found = static.compare_files(reference, open_reader(broken[name]), static.qk_heads(cfg))
   suspects = sorted((f for f in found if f.suspect), key=lambda f: -f.ratio)
   assert suspects and suspects[0].tensor.startswith(suspect), [vars(f) for f in suspects[:3]]
   assert why in suspects[0].why
@@ -61,12 +63,51 @@ def test_sound_files_have_no_suspect(shipped, tmp_path):
   copy = files.patched_copy(src, tmp_path / 'copy.gguf', {})
   q8 = files.requantize(src, tmp_path / 'q8.gguf', 'q8_0')
   q5 = files.requantize(src, tmp_path / 'q5.gguf', 'q5_1')
+  reference = static.gguf_reference(ref, cfg)
   for path in (copy, q8, q5):
-    found = static.compare_files(ref, open_reader(path), static.qk_heads(cfg))
+    found = static.compare_files(reference, open_reader(path), static.qk_heads(cfg))
     assert not [f for f in found if f.suspect], path
     assert len(found) == len(ref.tensors)
-  q8_errors = [f.error for f in static.compare_files(ref, open_reader(q8), {}) if f.type == 'Q8_0']
+  q8_errors = [
+    f.error for f in static.compare_files(reference, open_reader(q8), {}) if f.type == 'Q8_0'
+  ]
   assert 0 < np.median(q8_errors) < 0.02  # q8_0's rounding, as its type predicts
+
+
+def test_a_tree_reference_is_laid_out_as_gguf_stores_it(shipped):
+  """A Hugging Face reference is read into specjax's tree; in GGUF's names and layout it
+  is the GGUF file's own tensors (Q/K rows permuted back, matrices (out, in))."""
+  from specjax.checkpoints import loader
+
+  path, ref, cfg = shipped
+  model = loader.load_model(str(path))
+  tree = static.tree_reference(model.cfg, model.params)
+  stored = static.gguf_reference(ref, cfg)
+  assert set(tree.arrays) == set(stored.arrays)
+  for name, w in stored.arrays.items():
+    np.testing.assert_allclose(tree.arrays[name], w, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_hugging_face_reference_compares_its_config(tmp_path):
+  from specjax import testing
+  from specjax.checkpoints import hf
+
+  cfg, params = testing.tiny_model(vocab_size=64, d_model=64, head_dim=16, ffn_dim=128)
+  params = jax_to_numpy(params)
+  gguf_file = write_gguf(tmp_path / 'tiny-q8_0.gguf', cfg, params, files.MAKE_TYPES['q8_0'])
+  broken = write_gguf(
+    tmp_path / 'tiny-bad.gguf',
+    dataclasses.replace(cfg, rope_base=500.0),
+    params,
+    files.MAKE_TYPES['q8_0'],
+  )
+  hf.export_hf(tmp_path / 'hf', cfg, params)
+  reference = static.tree_reference(cfg, params)
+  heads = static.qk_heads(cfg)
+  sound = static.compare_files(reference, open_reader(gguf_file), heads)
+  assert sound and not [f for f in sound if f.suspect]
+  bad = [f for f in static.compare_files(reference, open_reader(broken), heads) if f.suspect]
+  assert [f.tensor for f in bad] == ['config rope_base'] and '500.0' in bad[0].why
 
 
 def test_fidelity_figures_by_hand():

@@ -36,18 +36,23 @@ LOW_BITS = 8.0  # a reference below this many bits per weight is itself a quanti
 
 
 def dominant_type(file) -> str:
-  """The type holding most of a GGUF file's matrix bytes."""
+  """The type holding most bytes of a GGUF file's layer matrices (the embedding and output
+  head, often kept at 8 bits or more, only where there are no layers)."""
   by: dict[str, int] = {}
-  for t in file.tensors:
-    if len(t.shape) == 2:
-      by[t.tensor_type.name] = by.get(t.tensor_type.name, 0) + t.n_bytes
+  matrices = [t for t in file.tensors if len(t.shape) == 2]
+  layers = [t for t in matrices if t.name.startswith('blk.')] or matrices
+  for t in layers:
+    by[t.tensor_type.name] = by.get(t.tensor_type.name, 0) + t.n_bytes
   return max(by, key=by.get) if by else 'F32'
 
 
 def check_inputs(config) -> tuple[pathlib.Path, list[pathlib.Path]]:
   """One ValueError / FileNotFoundError naming the problem, before anything loads."""
   if not config.reference:
-    raise ValueError('config.reference: expected the reference model (a .gguf file or asset)')
+    raise ValueError(
+      'config.reference: expected the reference model (a .gguf file, a Hugging Face '
+      'directory or an asset name)'
+    )
   reference = _path(config.reference, 'reference')
   candidates = [_path(c, 'candidates') for c in config.candidates]
   if not candidates and not config.make:
@@ -57,34 +62,42 @@ def check_inputs(config) -> tuple[pathlib.Path, list[pathlib.Path]]:
     raise ValueError(
       f'config.make: unknown type {bad[0]!r}; expected some of {list(files.MAKE_TYPES)}'
     )
-  ref = open_reader(reference)
-  ref_cfg = gguf_lib.config_from_reader(ref, reference)
-  bits = files.bits_per_weight(_type(dominant_type(ref)))
-  if bits < LOW_BITS and not config.allow_quantized_reference:
-    raise ValueError(
-      f'{reference.name} is itself quantised ({dominant_type(ref)}, {bits:.1f} bits per weight): '
-      'a reference should be float32, bfloat16, float16 or q8_0; to probe against it anyway '
-      'set --config.allow_quantized_reference=True'
-    )
-  shapes = {t.name: tuple(t.shape) for t in ref.tensors}
-  for c in candidates:
-    f = open_reader(c)
-    cfg = gguf_lib.config_from_reader(f, c)
-    if (cfg.arch, cfg.n_layers, cfg.d_model, cfg.vocab_size) != (
-      ref_cfg.arch,
-      ref_cfg.n_layers,
-      ref_cfg.d_model,
-      ref_cfg.vocab_size,
-    ):
+  if reference.is_dir():  # a Hugging Face directory: float weights, no GGUF metadata
+    if config.make:
+      raise ValueError('config.make re-quantises a GGUF reference; this one is a directory')
+    ref_cfg, shapes = loader.peek_config(str(reference)), None
+  else:
+    ref = open_reader(reference)
+    ref_cfg = gguf_lib.config_from_reader(ref, reference)
+    kind = dominant_type(ref)
+    bits = files.bits_per_weight(_type(kind))
+    if bits < LOW_BITS and not config.allow_quantized_reference:
       raise ValueError(
-        f'candidate {c.name} is {cfg.arch} with {cfg.n_layers} layers, width {cfg.d_model}, '
-        f'vocabulary {cfg.vocab_size}; the reference {reference.name} is {ref_cfg.arch} with '
-        f'{ref_cfg.n_layers}, {ref_cfg.d_model}, {ref_cfg.vocab_size}: not the same model'
+        f'{reference.name} is itself quantised ({kind}, {bits:.1f} bits per weight): a '
+        'reference should be float32, bfloat16, float16 or q8_0; to probe against it anyway '
+        'set --config.allow_quantized_reference=True'
       )
-    odd = [n for n, s in ((t.name, tuple(t.shape)) for t in f.tensors) if shapes.get(n) != s]
+    shapes = {t.name: tuple(t.shape) for t in ref.tensors}
+  for c in candidates:
+    _check_candidate(c, reference, ref_cfg, shapes)
+  return reference, candidates
+
+
+def _check_candidate(c: pathlib.Path, reference: pathlib.Path, ref_cfg, shapes) -> None:
+  f = open_reader(c)
+  cfg = gguf_lib.config_from_reader(f, c)
+  have = (cfg.arch, cfg.n_layers, cfg.d_model, cfg.vocab_size)
+  want = (ref_cfg.arch, ref_cfg.n_layers, ref_cfg.d_model, ref_cfg.vocab_size)
+  if have != want:
+    raise ValueError(
+      f'candidate {c.name} is {cfg.arch} with {cfg.n_layers} layers, width {cfg.d_model}, '
+      f'vocabulary {cfg.vocab_size}; the reference {reference.name} is {ref_cfg.arch} with '
+      f'{ref_cfg.n_layers}, {ref_cfg.d_model}, {ref_cfg.vocab_size}: not the same model'
+    )
+  if shapes is not None:
+    odd = [t.name for t in f.tensors if shapes.get(t.name) != tuple(t.shape)]
     if odd:
       raise ValueError(f"candidate {c.name}: tensor {odd[0]} is not shaped as the reference's")
-  return reference, candidates
 
 
 def _path(spec: str, field: str) -> pathlib.Path:
@@ -93,6 +106,10 @@ def _path(spec: str, field: str) -> pathlib.Path:
 
     return assets.fetch(spec)
   path = pathlib.Path(spec)
+  if field == 'reference' and path.is_dir():
+    if not (path / 'config.json').is_file():
+      raise FileNotFoundError(f'config.reference: no config.json in the directory {spec}')
+    return path
   if not path.is_file():
     raise FileNotFoundError(f'config.{field}: GGUF file not found: {spec}')
   if path.suffix != '.gguf':
@@ -139,8 +156,11 @@ class Probe:
 
     self.config, self.say = config, say
     self.reference_path = reference
-    self.reference_file = open_reader(reference)
     self.ref = loader.load_model(str(reference))
+    if reference.is_dir():
+      self.reference = static.tree_reference(self.ref.cfg, self.ref.params)
+    else:
+      self.reference = static.gguf_reference(open_reader(reference), self.ref.cfg)
     self.ref.params = jax.device_put(self.ref.params)  # once: every comparison reads them
     tok = self.ref.tokenizer
     self.prompts = pick_prompts(config.prompts, config.num_prompts)
@@ -201,7 +221,7 @@ class Probe:
     cand = loader.load_model(str(path))
     cand.params = jax.device_put(cand.params)
     by_cat = self.categories(self.fidelity(cand.params))
-    found = static.compare_files(self.reference_file, file, static.qk_heads(self.ref.cfg))
+    found = static.compare_files(self.reference, file, static.qk_heads(self.ref.cfg))
     suspects = sorted((f for f in found if f.suspect), key=lambda f: -f.ratio)
     kind = dominant_type(file)
     expect = None if calibration else expected_kl(calibrated, kind)

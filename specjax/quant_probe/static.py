@@ -16,6 +16,7 @@ import dataclasses
 import gguf
 import numpy as np
 
+from specjax.checkpoints import gguf as gguf_lib
 from specjax.checkpoints.gguf import permute_rows, unpermute_rows
 from specjax.formats.gguf_file import GGUFFile, TensorInfo
 from specjax.quant_probe import files
@@ -110,16 +111,55 @@ def explain(
   return 'noise far above its type'
 
 
-def compare_files(reference: GGUFFile, candidate: GGUFFile, heads: dict[str, int]) -> list[Finding]:
-  """A Finding per tensor (float vectors included); `heads` maps Q/K tensor names to
-  their head counts (for the row-order check). Shape mismatches are findings too."""
-  ref = {t.name: t for t in reference.tensors}
-  ref_w = {name: files.dequantized(t) for name, t in ref.items()}
+@dataclasses.dataclass
+class Reference:
+  """The reference's tensors by GGUF name, as float32 in GGUF's layout (numpy order), and
+  its GGUF metadata (None for a Hugging Face directory: then its config is compared)."""
+
+  arrays: dict[str, np.ndarray]
+  fields: dict | None
+  cfg: object  # its LlamaConfig
+
+
+def gguf_reference(file: GGUFFile, cfg) -> Reference:
+  return Reference({t.name: files.dequantized(t) for t in file.tensors}, file.fields, cfg)
+
+
+def tree_reference(cfg, params) -> Reference:
+  """A reference loaded into specjax's tree (a Hugging Face directory) in GGUF's names and
+  layout: matrices (out, in), Q/K rows permuted as llama.cpp stores them, Gemma 3's norms
+  as 1 + w."""
+  arrays = {}
+  for name, path, kind in gguf_lib.tensor_table(cfg):
+    w = params
+    for key in path:
+      w = w[key]
+    w = np.asarray(w, np.float32)
+    if kind == gguf_lib.NORM:
+      w = w + np.float32(1.0)
+    elif kind == gguf_lib.QUERY:
+      w = permute_rows(w.T, cfg.n_heads)
+    elif kind == gguf_lib.KEY:
+      w = permute_rows(w.T, cfg.n_kv_heads)
+    elif kind == gguf_lib.LINEAR:
+      w = w.T
+    arrays[name] = np.ascontiguousarray(w)
+  return Reference(arrays, None, cfg)
+
+
+def compare_files(
+  reference: Reference, candidate: GGUFFile, heads: dict[str, int]
+) -> list[Finding]:
+  """A Finding per tensor (float vectors included), then per differing metadata key (or
+  config field); `heads` maps Q/K tensor names to their head counts (for the row-order
+  check). Shape mismatches and missing tensors are findings too."""
+  ref_w = reference.arrays
   out = []
   for t in candidate.tensors:
     r = ref_w.get(t.name)
     if r is None:
-      out.append(Finding(t.name, t.tensor_type.name, 1.0, 0.0, 'not in the reference'))
+      if reference.fields is not None:  # (a tree reference holds only what the model reads)
+        out.append(Finding(t.name, t.tensor_type.name, 1.0, 0.0, 'not in the reference'))
       continue
     c = files.dequantized(t)
     if c.shape != r.shape:
@@ -131,23 +171,36 @@ def compare_files(reference: GGUFFile, candidate: GGUFFile, heads: dict[str, int
     if f.suspect:
       f.why = explain(t.name, c, r, t, predicted, ref_w, heads.get(t.name))
     out.append(f)
-  missing = set(ref) - {t.name for t in candidate.tensors}
+  missing = set(ref_w) - {t.name for t in candidate.tensors}
   out += [Finding(n, '-', 1.0, 0.0, 'missing from the candidate') for n in sorted(missing)]
-  return out + compare_metadata(reference, candidate)
+  if reference.fields is not None:
+    return out + compare_metadata(reference.fields, candidate.fields)
+  cand_cfg = gguf_lib.config_from_reader(candidate, candidate.path)
+  return out + compare_configs(reference.cfg, cand_cfg)
+
+
+def compare_configs(reference, candidate) -> list[Finding]:
+  """A suspect Finding per model setting (LlamaConfig field but its name) that differs."""
+  out = []
+  for field in dataclasses.fields(reference):
+    r, c = getattr(reference, field.name), getattr(candidate, field.name)
+    if field.name != 'name' and r != c:
+      why = f'{c!r} where the reference has {r!r}'
+      out.append(Finding(f'config {field.name}', '-', 1.0, 0.0, why))
+  return out
 
 
 IGNORED_METADATA = ('general.',)  # names, licences, file type: free to differ
 
 
-def compare_metadata(reference: GGUFFile, candidate: GGUFFile) -> list[Finding]:
+def compare_metadata(reference: dict, candidate: dict) -> list[Finding]:
   """A suspect Finding per metadata key (outside general.*) whose value differs from the
   reference's, or that one of them lacks: the architecture's settings and the tokenizer."""
   out = []
-  keys = sorted(set(reference.fields) | set(candidate.fields))
-  for key in keys:
+  for key in sorted(set(reference) | set(candidate)):
     if key.startswith(IGNORED_METADATA):
       continue
-    r, c = reference.fields.get(key), candidate.fields.get(key)
+    r, c = reference.get(key), candidate.get(key)
     if r != c:
       show = lambda v: repr(v) if not isinstance(v, list) else f'a list of {len(v)}'  # noqa: E731
       why = f'{show(c)} where the reference has {show(r)}'
