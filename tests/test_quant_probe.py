@@ -149,6 +149,8 @@ def test_probe_judges_files_and_writes_results(broken, shipped, tmp_path, capsys
   assert verdicts['exchange.gguf']['verdict'] == 'broken'
   assert verdicts['rope.gguf']['verdict'] == 'broken'
   assert verdicts['rope.gguf']['suspect']['tensor'] == 'metadata llama.rope.freq_base'
+  # the candidate runs with its own settings: its RoPE base shows in what it predicts
+  assert verdicts['rope.gguf']['figures']['all']['kl'] > 0.01
   same = verdicts['SmolLM2-135M-Instruct.Q4_1.gguf']
   assert same['verdict'] == 'sound' and same['figures']['all']['kl'] < 1e-6
   assert same['figures']['all']['top1'] == 1.0 and same['suspect'] is None

@@ -73,7 +73,9 @@ def specjax_kl(reference, candidate, tokens, ctx) -> float:
   chunks = [tokens[i : i + ctx] for i in range(0, len(tokens) - ctx + 1, ctx)]
   prompts = [c[: first + 1] for c in chunks]
   answers = [c[first + 1 :] for c in chunks]
-  positions = fidelity.compare(ref.cfg, ref.params, cand.params, prompts, answers)
+  positions = fidelity.compare(
+    ref.cfg, ref.params, cand.params, prompts, answers, cand_cfg=cand.cfg
+  )
   return float(np.concatenate([p.kl for p in positions]).mean())
 
 

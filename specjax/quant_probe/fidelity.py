@@ -36,11 +36,12 @@ class Positions:
   overlap: np.ndarray
 
 
-@functools.partial(jax.jit, static_argnames=('cfg',))
-def _compare(ref_params, cand_params, tokens, cfg):
+@functools.partial(jax.jit, static_argnames=('cfg', 'cand_cfg'))
+def _compare(ref_params, cand_params, tokens, cfg, cand_cfg):
   cache = llama.init_cache(cfg, tokens.shape[0], tokens.shape[1])
   logp = jax.nn.log_softmax(llama.forward(ref_params, tokens, cache, cfg)[0], -1)
-  logq = jax.nn.log_softmax(llama.forward(cand_params, tokens, cache, cfg)[0], -1)
+  cache = llama.init_cache(cand_cfg, tokens.shape[0], tokens.shape[1])
+  logq = jax.nn.log_softmax(llama.forward(cand_params, tokens, cache, cand_cfg)[0], -1)
   p = jnp.exp(logp)
   kl = jnp.sum(p * (logp - logq), -1)
   top1 = jnp.argmax(logp, -1) == jnp.argmax(logq, -1)
@@ -48,9 +49,13 @@ def _compare(ref_params, cand_params, tokens, cfg):
   return kl, top1, overlap
 
 
-def compare(cfg, ref_params, cand_params, prompts, answers, batch: int = 4) -> list[Positions]:
+def compare(
+  cfg, ref_params, cand_params, prompts, answers, batch: int = 4, cand_cfg=None
+) -> list[Positions]:
   """Positions per prompt: `prompts` and `answers` are token id lists (the answer the
-  reference's greedy continuation of the prompt)."""
+  reference's greedy continuation of the prompt). The candidate runs with its own config
+  (`cand_cfg`, default `cfg`): settings its file states, such as its RoPE base, count."""
+  cand_cfg = cfg if cand_cfg is None else cand_cfg
   out = []
   for start in range(0, len(prompts), batch):
     rows = [p + a for p, a in zip(prompts[start : start + batch], answers[start : start + batch])]
@@ -58,7 +63,9 @@ def compare(cfg, ref_params, cand_params, prompts, answers, batch: int = 4) -> l
     tokens = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
       tokens[i, : len(r)] = r
-    kl, top1, overlap = jax.device_get(_compare(ref_params, cand_params, jnp.asarray(tokens), cfg))
+    kl, top1, overlap = jax.device_get(
+      _compare(ref_params, cand_params, jnp.asarray(tokens), cfg, cand_cfg)
+    )
     for i in range(len(rows)):
       p, a = len(prompts[start + i]), len(answers[start + i])
       span = slice(p - 1, p - 1 + a)  # the logits that predict the answer's tokens

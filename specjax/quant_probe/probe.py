@@ -171,7 +171,7 @@ class Probe:
     out = engine.generate(self.encoded, config.max_new_tokens)
     self.answers = [list(t) for t in out.tokens]
 
-  def fidelity(self, params, prompts=None) -> list:
+  def fidelity(self, params, prompts=None, cfg=None) -> list:
     idx = range(len(self.prompts)) if prompts is None else prompts
     return fidelity.compare(
       self.ref.cfg,
@@ -179,6 +179,7 @@ class Probe:
       params,
       [self.encoded[i] for i in idx],
       [self.answers[i] for i in idx],
+      cand_cfg=cfg,
     )
 
   def categories(self, positions) -> dict:
@@ -220,7 +221,7 @@ class Probe:
     file = open_reader(path)
     cand = loader.load_model(str(path))
     cand.params = jax.device_put(cand.params)
-    by_cat = self.categories(self.fidelity(cand.params))
+    by_cat = self.categories(self.fidelity(cand.params, cfg=cand.cfg))
     found = static.compare_files(self.reference, file, static.qk_heads(self.ref.cfg))
     suspects = sorted((f for f in found if f.suspect), key=lambda f: -f.ratio)
     kind = dominant_type(file)
