@@ -125,14 +125,7 @@ def masked_forward(params, tokens, lengths, keep, cfg: llama.LlamaConfig) -> jax
 def simulate(agree: np.ndarray, gamma: int) -> float:
   """Tokens per target call of greedy speculation over one text whose draft-target
   agreement per position is `agree` (runs of agreement are the accepted lengths)."""
-  t, calls, n = 0, 0, len(agree)
-  while t < n:
-    accepted = 0
-    while accepted < gamma and t + accepted < n and agree[t + accepted]:
-      accepted += 1
-    t += accepted + 1
-    calls += 1
-  return n / max(calls, 1)
+  return len(agree) / max(cost_model.greedy_calls(agree, gamma), 1)
 
 
 @dataclasses.dataclass(frozen=True)

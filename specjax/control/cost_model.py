@@ -170,6 +170,20 @@ def tree_speedup(shape, accept, draft_cost: float, verify_cost: float) -> float:
   return (shape.expected_accepted(accept) + 1.0) / (draft_cost + verify_cost)
 
 
+def greedy_calls(agree, gamma: int) -> int:
+  """Target calls of greedy speculation at draft length `gamma` along one text whose
+  draft-target agreement per position is `agree`: each call accepts the agreeing run of up
+  to gamma drafted tokens and adds the target's own token."""
+  n, t, calls = len(agree), 0, 0
+  while t < n:
+    run = 0
+    while run < gamma and t + run < n and agree[t + run]:
+      run += 1
+    t += run + 1
+    calls += 1
+  return calls
+
+
 def speedup(tokens, draft_cost, verify_cost):
   """Tokens per iteration over its cost in target steps: the one speedup formula."""
   return tokens / (draft_cost + verify_cost)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.control import cost_model
 from specjax.models import llama
 
 
@@ -73,17 +74,7 @@ def compare(
   return out
 
 
-def greedy_calls(top1: np.ndarray, gamma: int) -> int:
-  """Target calls of greedy speculation along one answer: each call accepts the agreeing
-  run of up to gamma drafted tokens and adds the target's own token."""
-  n, t, calls = len(top1), 0, 0
-  while t < n:
-    run = 0
-    while run < gamma and t + run < n and top1[t + run]:
-      run += 1
-    t += run + 1
-    calls += 1
-  return calls
+greedy_calls = cost_model.greedy_calls  # target calls of greedy speculation along one answer
 
 
 def sampled_tokens_per_call(alpha: float, gamma: int) -> float:
