@@ -13,7 +13,7 @@ from specjax import config_lib
 from specjax.checkpoints import gguf as gguf_lib
 from specjax.data import assets
 from specjax.formats.gguf_file import open_reader
-from specjax.quant_probe import defects, fidelity, files, probe, static
+from specjax.quant_probe import defects, fidelity, files, probe, speed, static
 from tests.test_checkpoints import write_gguf
 
 ROOT = __file__.rsplit('/tests/', 1)[0]
@@ -133,9 +133,33 @@ def test_expected_kl_by_type():
   assert probe.expected_kl({}, 'Q4_0') is None
 
 
+def test_a_kernel_type_is_timed_as_a_draft_once_per_layout(tmp_path):
+  """q8_0 candidates are timed as drafts of the reference (one timing per layout of
+  types: two files of the same types share it); a type without a kernel is not timed."""
+  import types
+
+  from specjax import testing
+  from specjax.checkpoints import gguf as gguf_io
+
+  cfg, params = testing.tiny_model(vocab_size=64, d_model=64, head_dim=16, ffn_dim=128)
+  ref = types.SimpleNamespace(cfg=cfg, params=params)
+  timer = speed.Timer(ref, gamma=2, cache_size=64, repeats=1)
+  q8 = write_gguf(tmp_path / 'a.gguf', cfg, jax_to_numpy(params), files.MAKE_TYPES['q8_0'])
+  same = write_gguf(tmp_path / 'b.gguf', cfg, jax_to_numpy(params), files.MAKE_TYPES['q8_0'])
+  cand = types.SimpleNamespace(cfg=cfg, params=gguf_io.load_gguf(q8, progress=False)[1])
+  costs = timer.costs(q8, 'Q8_0', cand)
+  assert costs['draft'] > 0 and costs['verify'] > 0 and costs['timed'] == 'a.gguf'
+  assert timer.costs(same, 'Q8_0', cand) == costs  # same layout: not timed again
+  assert 'no kernel for Q5_0' in timer.costs(q8, 'Q5_0', cand)['why']
+  figures = {'all': {'tokens_per_call_greedy': 3.0, 'tokens_per_call_t1': 2.0}}
+  speed.speedups({'draft': 0.5, 'verify': 1.5}, figures)
+  assert figures['all']['speedup_greedy'] == 1.5 and figures['all']['speedup_t1'] == 1.0
+  assert speed.speedups({'why': '-'}, figures)['all']['speedup_t1'] is None
+
+
 def _config(**kw):
   c = config_lib.load_config('quant_probe.py', 'demo')
-  c.num_prompts, c.max_new_tokens, c.make = 4, 24, ('q8_0',)
+  c.num_prompts, c.max_new_tokens, c.make, c.speed = 4, 24, ('q8_0',), False
   for k, v in kw.items():
     c[k] = v
   return c

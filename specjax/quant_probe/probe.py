@@ -30,7 +30,7 @@ from specjax.checkpoints import gguf as gguf_lib
 from specjax.checkpoints import loader
 from specjax.data import prompts as prompts_lib
 from specjax.formats.gguf_file import open_reader
-from specjax.quant_probe import fidelity, files, static
+from specjax.quant_probe import fidelity, files, speed, static
 
 LOW_BITS = 8.0  # a reference below this many bits per weight is itself a quantisation
 
@@ -170,6 +170,7 @@ class Probe:
     say(f'reference {reference.name}: answering {len(self.prompts)} prompts greedily')
     out = engine.generate(self.encoded, config.max_new_tokens)
     self.answers = [list(t) for t in out.tokens]
+    self.timer = speed.Timer(self.ref, config.gamma, cache) if config.speed else None
 
   def fidelity(self, params, prompts=None, cfg=None) -> list:
     idx = range(len(self.prompts)) if prompts is None else prompts
@@ -227,6 +228,8 @@ class Probe:
     kind = dominant_type(file)
     expect = None if calibration else expected_kl(calibrated, kind)
     kl = by_cat['all']['kl']
+    costs = self.timer.costs(path, kind, cand) if self.timer else {'why': 'config.speed off'}
+    speed.speedups(costs, by_cat)
     too_far = expect is not None and kl > self.config.kl_factor * expect + 1e-4
     broken = bool(suspects) or too_far
     suspect = None
@@ -256,6 +259,7 @@ class Probe:
       'calibration': calibration,
       'expected_kl': expect,
       'suspect': suspect,
+      'draft_costs': costs,
       'figures': by_cat,
       'tensors': [vars(f) | {'suspect': f.suspect} for f in found],
       'seconds': time.time() - start,
@@ -277,6 +281,8 @@ def line(result: dict) -> str:
     f'{name}: {result["verdict"]}  '
     f'acceptance {a["acceptance_t1"]:.2f}  KL {a["kl"]:.4f}  top-1 {a["top1"]:.2f}'
   )
+  if a.get('speedup_greedy') is not None:
+    text += f'  as a draft {a["speedup_greedy"]:.2f}x (greedy, gamma {a["gamma"]})'
   s = result['suspect']
   if s is not None:
     text += f'  [suspect: {s["tensor"]} ({s["why"]})]'
@@ -294,7 +300,8 @@ def write_outputs(out_dir: pathlib.Path, results: list[dict], meta: dict) -> Non
   )
   rows = [
     'file,type,verdict,category,kl,top1,acceptance_greedy,acceptance_t1,'
-    'tokens_per_call_greedy,tokens_per_call_t1,first_divergence_median,suspect'
+    'tokens_per_call_greedy,tokens_per_call_t1,speedup_greedy,speedup_t1,'
+    'first_divergence_median,suspect'
   ]
   for r in results:
     s = r['suspect']['tensor'] if r['suspect'] else ''
@@ -303,10 +310,15 @@ def write_outputs(out_dir: pathlib.Path, results: list[dict], meta: dict) -> Non
         f'{pathlib.Path(r["file"]).name},{r["type"]},{r["verdict"]},{cat},{a["kl"]:.6f},'
         f'{a["top1"]:.4f},{a["acceptance_greedy"]:.4f},{a["acceptance_t1"]:.4f},'
         f'{a["tokens_per_call_greedy"]:.3f},{a["tokens_per_call_t1"]:.3f},'
+        f'{_num(a["speedup_greedy"])},{_num(a["speedup_t1"])},'
         f'{a["first_divergence_median"]:.1f},{s}'
       )
   report.write_atomic(out_dir / 'results.csv', '\n'.join(rows) + '\n')
   plot(out_dir, results)
+
+
+def _num(x) -> str:
+  return '' if x is None else f'{x:.3f}'
 
 
 def plot(out_dir: pathlib.Path, results: list[dict]) -> None:
