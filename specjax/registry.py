@@ -32,6 +32,7 @@ DRAFTS = Registry(
     'layers': 'specjax.drafters.model:LAYERS',
     'distilled': 'specjax.drafters.distilled:DISTILLED',
     'eagle': 'specjax.drafters.eagle:EAGLE',
+    'dflash': 'specjax.drafters.dflash:DFLASH',
     'consensus': 'specjax.drafters.consensus:CONSENSUS',
     'quantized': 'specjax.drafters.model:QUANTIZED',
     'multilevel': 'specjax.drafters.multilevel:MULTILEVEL',

@@ -7,7 +7,8 @@ batch split over 'data'. A dimension that the mesh axis does not divide is
 replicated instead (SmolLM2 has 9 query and 3 kv heads), so any model runs on any mesh.
 
 The target uses DEFAULT_RULES, a drafter its own (`Drafter.partition_rules`: a draft
-model the same, a feature head EAGLE_RULES), and KV caches CACHE_SPEC over [B, G, S, H].
+model the same, a feature head EAGLE_RULES, a block drafter DFLASH_RULES), and KV caches
+CACHE_SPEC over [B, G, S, H].
 A run config adds rules in front of those (config.mesh.rules, config.mesh.draft_rules)
 as 'REGEX=AXES' strings, parsed by `parse_rules`:
 
@@ -50,6 +51,18 @@ EAGLE_RULES: tuple[tuple[str, P], ...] = (
   (r'^head/layer/w_(gate|up)$', P(None, 'model')),
   (r'^head/layer/w_down$', P('model', None)),
   (r'^head/head$', P(None, 'model')),
+)
+
+# A block drafter (specjax/models/dflash.py): Llama-shaped layers over the fused features,
+# its fc fuses the captured layers, its output head is over the draft vocabulary.
+DFLASH_RULES: tuple[tuple[str, P], ...] = (
+  (r'^embed$', P('model', None)),
+  (r'^block/fc$', P(None, 'model')),
+  (r'^block/layers/\d+/w[qkv]$', P(None, 'model')),
+  (r'^block/layers/\d+/wo$', P('model', None)),
+  (r'^block/layers/\d+/w_(gate|up)$', P(None, 'model')),
+  (r'^block/layers/\d+/w_down$', P('model', None)),
+  (r'^block/head$', P(None, 'model')),
 )
 
 CACHE_SPEC = P('data', 'model', None, None)  # KV buffers [B, G, S, H]: rows, kv heads

@@ -1,0 +1,208 @@
+"""DFlash block drafters on disk (config.json + model.safetensors), in DFlash's layout.
+
+The tensor names are those of z-lab's reference model (z-lab/dflash dflash/model.py,
+`DFlashDraftModel`, a Qwen3-style stack) as vLLM's loader reads them
+(vllm/model_executor/models/qwen3_dflash.py: it prefixes `model.` to all but lm_head and
+d2t):
+
+  fc.weight                                      [D, C * D]   torch layout: (out, in)
+  hidden_norm.weight                             [D]          norm of the fused features
+  layers.{i}.input_layernorm.weight              [D]
+  layers.{i}.self_attn.{q,k,v}_proj.weight       [N*H | G*H, D]
+  layers.{i}.self_attn.{q,k}_norm.weight         [H]
+  layers.{i}.self_attn.o_proj.weight             [D, N*H]
+  layers.{i}.post_attention_layernorm.weight     [D]
+  layers.{i}.mlp.{gate,up}_proj.weight           [F, D];  layers.{i}.mlp.down_proj.weight [D, F]
+  norm.weight                                    [D]
+  lm_head.weight                                 [K, D]   the draft vocabulary's rows
+  d2t                                            [K] int64: target id - draft id (an offset)
+  mask_embedding                                 [D]      specjax's learned mask input
+
+DFlash's own drafters embed the mask as the target's embedding row of a `mask_token_id`
+added to the vocabulary and share the target's lm_head; specjax learns the mask
+embedding itself (vLLM takes such a separately trained mask from `mask_embedding.pt`,
+which an export writes; issue 32 item 6) and may keep a reduced draft vocabulary (vLLM
+reads d2t for it, as for EAGLE-3). config.json carries the shape, `block_size` and
+`dflash_config.target_layer_ids` in DFlash's convention: the target layers whose
+*output* is read (Hugging Face hidden_states[i + 1]); specjax's `capture` names the
+stream entering a layer, so target_layer_ids = capture - 1 (load adds the one back).
+Weights are bfloat16 on disk (float32 in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import ml_dtypes
+import numpy as np
+
+from specjax.checkpoints import eagle3, hf
+from specjax.models.dflash import DFlashConfig, check_params
+
+CONFIG_FILE = 'config.json'
+WEIGHTS_FILE = 'model.safetensors'
+ARCHITECTURE = 'DFlashDraftModel'
+
+# specjax layer tensor -> its DFlash name under layers.{i}. (matrices transposed)
+LAYER_NAMES = {
+  'attn_norm': 'input_layernorm.weight',
+  'wq': 'self_attn.q_proj.weight',
+  'wk': 'self_attn.k_proj.weight',
+  'wv': 'self_attn.v_proj.weight',
+  'q_norm': 'self_attn.q_norm.weight',
+  'k_norm': 'self_attn.k_norm.weight',
+  'wo': 'self_attn.o_proj.weight',
+  'mlp_norm': 'post_attention_layernorm.weight',
+  'w_gate': 'mlp.gate_proj.weight',
+  'w_up': 'mlp.up_proj.weight',
+  'w_down': 'mlp.down_proj.weight',
+}
+# top-level specjax tensor -> its name (fc and head transposed)
+TOP_NAMES = {
+  'fc': 'fc.weight',
+  'hidden_norm': 'hidden_norm.weight',
+  'mask': 'mask_embedding',
+  'norm': 'norm.weight',
+  'head': 'lm_head.weight',
+}
+
+
+def is_dflash_dir(path) -> bool:
+  p = pathlib.Path(path)
+  if not (p / CONFIG_FILE).is_file() or not (p / WEIGHTS_FILE).is_file():
+    return False
+  try:
+    return 'dflash_config' in json.loads((p / CONFIG_FILE).read_text())
+  except (OSError, json.JSONDecodeError):
+    return False
+
+
+def _bf16(a) -> np.ndarray:
+  a = np.asarray(a, np.float32)
+  return np.ascontiguousarray(a.T if a.ndim == 2 else a).astype(ml_dtypes.bfloat16)
+
+
+def to_tensors(params) -> dict[str, np.ndarray]:
+  """specjax drafter params -> DFlash tensors (torch (out, in) layout, bfloat16)."""
+  out = {name: _bf16(params[key]) for key, name in TOP_NAMES.items()}
+  for i, layer in enumerate(params['layers']):
+    for key, name in LAYER_NAMES.items():
+      out[f'layers.{i}.{name}'] = _bf16(layer[key])
+  ids = np.asarray(params['vocab_ids'], np.int64)
+  out['d2t'] = ids - np.arange(len(ids), dtype=np.int64)
+  return out
+
+
+def from_tensors(tensors, cfg: DFlashConfig, source: str) -> dict:
+  """DFlash tensors -> specjax drafter params (float32; vocab_ids from d2t)."""
+  names = [*TOP_NAMES.values(), 'd2t']
+  names += [f'layers.{i}.{n}' for i in range(cfg.n_layers) for n in LAYER_NAMES.values()]
+  missing = [n for n in names if n not in tensors]
+  if missing:
+    raise ValueError(f'{source}: missing tensors {missing}')
+
+  def f32(name):
+    a = np.asarray(tensors[name], np.float32)
+    return np.ascontiguousarray(a.T if a.ndim == 2 else a)
+
+  params = {key: f32(name) for key, name in TOP_NAMES.items()}
+  params['layers'] = [
+    {key: f32(f'layers.{i}.{name}') for key, name in LAYER_NAMES.items()}
+    for i in range(cfg.n_layers)
+  ]
+  d2t = np.asarray(tensors['d2t'], np.int64)
+  ids = d2t + np.arange(len(d2t))
+  if len(ids) and (ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0)):
+    raise ValueError(f'{source}: d2t does not map the draft vocabulary to distinct target ids')
+  params['vocab_ids'] = ids.astype(np.int32)
+  return params
+
+
+def hf_config(cfg: DFlashConfig, info: dict | None = None) -> dict:
+  return {
+    'architectures': [ARCHITECTURE],
+    'model_type': 'qwen3',
+    'hidden_size': cfg.d_model,
+    'target_hidden_size': cfg.d_model,
+    'intermediate_size': cfg.ffn_dim,
+    'num_attention_heads': cfg.n_heads,
+    'num_key_value_heads': cfg.n_kv_heads,
+    'head_dim': cfg.head_dim,
+    'num_hidden_layers': cfg.n_layers,
+    'hidden_act': 'silu',
+    'attention_bias': False,
+    'is_causal': False,
+    'rms_norm_eps': cfg.norm_eps,
+    'rope_theta': cfg.rope_base,
+    'rope_scaling': eagle3.rope_scaling_dict(cfg.rope_scaling),
+    'max_position_embeddings': 8192,
+    'vocab_size': cfg.vocab_size,
+    'draft_vocab_size': cfg.draft_vocab,
+    'block_size': cfg.block_size,
+    'tie_word_embeddings': False,
+    'torch_dtype': 'bfloat16',
+    'dflash_config': {
+      'block_size': cfg.block_size,
+      'target_layer_ids': [i - 1 for i in cfg.capture],
+      'input_embedding_scale': cfg.embed_scale,
+    },
+    'specjax': {**(info or {}), 'capture': list(cfg.capture)},
+  }
+
+
+def save(directory, cfg: DFlashConfig, params, info: dict | None = None) -> None:
+  """Writes config.json and model.safetensors (DFlash layout) to `directory`."""
+  import safetensors.numpy
+
+  check_params(cfg, params, 'DFlash drafter')
+  d = pathlib.Path(directory)
+  d.mkdir(parents=True, exist_ok=True)
+  tmp = d / (WEIGHTS_FILE + '.tmp')
+  safetensors.numpy.save_file(to_tensors(params), str(tmp), metadata={'format': 'pt'})
+  os.replace(tmp, d / WEIGHTS_FILE)
+  (d / CONFIG_FILE).write_text(json.dumps(hf_config(cfg, info), indent=2) + '\n')
+
+
+def _config(c: dict, file: pathlib.Path) -> DFlashConfig:
+  dc = c['dflash_config']
+  extra = c.get('specjax') if isinstance(c.get('specjax'), dict) else {}
+  capture = extra.get('capture') or [int(i) + 1 for i in dc['target_layer_ids']]
+  return DFlashConfig(
+    vocab_size=int(c['vocab_size']),
+    draft_vocab=int(c.get('draft_vocab_size') or c['vocab_size']),
+    d_model=int(c['hidden_size']),
+    n_heads=int(c['num_attention_heads']),
+    n_kv_heads=int(c['num_key_value_heads']),
+    head_dim=int(c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']),
+    ffn_dim=int(c['intermediate_size']),
+    capture=tuple(int(i) for i in capture),
+    n_layers=int(c['num_hidden_layers']),
+    block_size=int(dc.get('block_size', c.get('block_size', 16))),
+    rope_base=float(c.get('rope_theta', 10000.0)),
+    norm_eps=float(c.get('rms_norm_eps', 1e-6)),
+    rope_scaling=hf.parse_rope(c.get('rope_scaling'), 0.0, file, 'rope_scaling')[1],
+    embed_scale=float(dc.get('input_embedding_scale', 1.0)),
+  )
+
+
+def load(directory) -> tuple[DFlashConfig, dict, dict]:
+  """(cfg, float32 drafter params, the `specjax` info) of a drafter saved in DFlash layout."""
+  import safetensors.numpy
+
+  d = pathlib.Path(directory)
+  if not is_dflash_dir(d):
+    raise ValueError(
+      f'{d}: not a DFlash drafter (needs {CONFIG_FILE} with dflash_config and {WEIGHTS_FILE})'
+    )
+  c = json.loads((d / CONFIG_FILE).read_text())
+  try:
+    cfg = _config(c, d / CONFIG_FILE)
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None
+  params = from_tensors(safetensors.numpy.load_file(str(d / WEIGHTS_FILE)), cfg, str(d))
+  check_params(cfg, params, str(d / WEIGHTS_FILE))
+  info = dict(c.get('specjax') or {})
+  info.pop('capture', None)
+  return cfg, params, info

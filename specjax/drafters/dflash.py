@@ -1,0 +1,230 @@
+"""The DFlash-style block drafter as a drafter (the model: specjax/models/dflash.py).
+
+One forward pass of a small drafter at the target's width fills a block after the last
+emitted token (the anchor): every drafted position at once, from the target's own
+features. Its chain proposal of gamma <= block_size - 1 tokens is the block's first
+gamma positions: argmax each when greedy; when sampling, each position drawn from its
+own distribution, which is the q handed to the verifier (the positions are drawn
+independently, and a proposal's q may be any distribution fixed before it is drawn, so
+rejection and block verification stay lossless). Its draft vocabulary may be reduced
+(q = 0 outside it).
+
+**Features without a second target pass.** Like the EAGLE head (drafters/eagle.py) it
+declares `feature_layers`; the loop's target forwards capture them and `absorb` keeps the
+committed positions' features in a small ring. The drafter's cache holds, per layer, the
+keys and values of the committed context's fused features: a function of a position's
+features alone, never of the drafter's own guesses. A proposal first writes the pending
+positions' (those committed since the last proposal) from the ring, then runs the block
+forward, which leaves the cache as it was; so the cache only ever holds committed
+positions and rollback has nothing to undo.
+
+Draft specs: `dflash` (the drafter shipped for the target when specjax has one; until
+then an untrained one, named so), `dflash:random[,block=B,layers=N,seed=S]` (untrained,
+for tests and as a training start) or `dflash:DIR` (a drafter in DFlash's checkpoint
+layout, specjax/checkpoints/dflash.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.checkpoints import dflash as dflash_ckpt
+from specjax.core import sampling as sampling_lib
+from specjax.core.contract import Drafter, DraftKind
+from specjax.drafters.eagle import to_full_vocab
+from specjax.models import dflash as dflash_model
+from specjax.models import llama, quant, sharding
+from specjax.models.dflash import DFlashConfig
+from specjax.models.kv_cache import KVCache
+
+
+@struct.dataclass
+class DFlashState:
+  # Per draft layer, the keys and values of the committed context's fused target
+  # features; lengths = the positions written (the target cache's length, once caught up).
+  cache: KVCache
+  ring: jax.Array  # [B, W, C * D] committed features; position p at slot p % W
+
+
+def committed_length(state) -> jax.Array:
+  """[B] the target cache's length: the positions whose features the target computed."""
+  return state.prompt_lens + state.num_generated - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashDrafter(Drafter):
+  """Drafts with a block drafter `cfg`; params {'block': ..., 'embed': target [V, D]}.
+
+  `ring` is how many committed positions of features it keeps (0: the block size, enough
+  for any chain); under adaptive control (`resyncing`) plain target steps leave features
+  pending, and a proposal then writes up to `ring` of them at once.
+  """
+
+  cfg: DFlashConfig
+  name: str = 'DFlash block drafter'
+  ring: int = 0
+  resync: int = 0
+
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    return self.cfg.capture
+
+  @property
+  def partition_rules(self):
+    return sharding.DFLASH_RULES
+
+  @property
+  def ring_size(self) -> int:
+    return max(self.ring, self.cfg.block_size)
+
+  def resyncing(self, window: int) -> DFlashDrafter:
+    # Pending after a streak of plain steps: the last chain's tokens and the streak's.
+    return dataclasses.replace(self, resync=window, ring=self.cfg.block_size + window)
+
+  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, features=None):
+    if features is None:
+      raise ValueError('a DFlash drafter needs the target features of the prompt (prefill capture)')
+    block = params['block']
+    b, p = prompt_tokens.shape
+    cache = KVCache.init(self.cfg, b, cache_size, block['fc'].dtype)
+    if constrain is not None:
+      cache = constrain(cache)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    valid = positions < prompt_lens[:, None]
+    cache = dflash_model.absorb(block, cache, features, positions, valid, self.cfg)
+    ring = jnp.zeros((b, self.ring_size, features.shape[-1]), features.dtype)
+    return DFlashState(cache=cache.with_lengths(prompt_lens), ring=ring)
+
+  def absorb(self, draft_state: DFlashState, features, start, state) -> DFlashState:
+    """Keeps features[B, T, C*D] of positions start + t that are now committed."""
+    b, t, _ = features.shape
+    w = draft_state.ring.shape[1]
+    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)
+    slots = jnp.where(positions < committed_length(state)[:, None], positions % w, w)
+    ring = draft_state.ring.at[jnp.arange(b)[:, None], slots].set(
+      features.astype(draft_state.ring.dtype), mode='drop'
+    )
+    return draft_state.replace(ring=ring)
+
+  def _catch_up(self, block, draft_state: DFlashState, state, width: int) -> KVCache:
+    """Writes the pending positions (among the last `width` before the target's length)
+    from the ring; returns the cache with lengths = the target's."""
+    cache, w = draft_state.cache, draft_state.ring.shape[1]
+    target_len = committed_length(state)
+    positions = target_len[:, None] - width + jnp.arange(width, dtype=jnp.int32)  # [B, width]
+    valid = positions >= cache.lengths[:, None]
+    feats = jnp.take_along_axis(draft_state.ring, (positions % w)[:, :, None], axis=1)
+    cache = dflash_model.absorb(block, cache, feats, positions, valid, self.cfg)
+    return cache.with_lengths(target_len)
+
+  def propose(self, params, draft_state: DFlashState, state, key, gamma, sampling):
+    if gamma > self.cfg.block_size - 1:
+      raise ValueError(
+        f'a DFlash drafter with blocks of {self.cfg.block_size} drafts at most '
+        f'{self.cfg.block_size - 1} tokens; gamma {gamma} asks for more'
+      )
+    block, embed = params['block'], params['embed']
+    widths = [self.cfg.block_size] + ([self.ring_size] if self.resync else [])
+    if len(widths) == 1:
+      cache = self._catch_up(block, draft_state, state, widths[0])
+    else:
+      lag = jnp.max(committed_length(state) - draft_state.cache.lengths)
+      branches = [lambda _, w=w: self._catch_up(block, draft_state, state, w) for w in widths]
+      cache = jax.lax.switch((lag > widths[0]).astype(jnp.int32), branches, None)
+    logits = dflash_model.block_logits(block, embed, state.last_tokens, cache, self.cfg)
+    logits = logits[:, :gamma]  # [B, gamma, K]
+    ids = jnp.asarray(block['vocab_ids'])
+    tokens = ids[sampling_lib.sample(logits, key, sampling)]
+    q = to_full_vocab(sampling_lib.probabilities(logits, sampling), ids, self.vocab_size)
+    return tokens, q, draft_state.replace(cache=cache)
+
+  def rollback(self, draft_state: DFlashState, state) -> DFlashState:
+    # The cache holds committed positions only; a target that rolled back past them
+    # (never in the loop) would need them written again.
+    lengths = jnp.minimum(draft_state.cache.lengths, committed_length(state))
+    return draft_state.replace(cache=draft_state.cache.with_lengths(lengths))
+
+
+SHIPPED = os.path.join(
+  os.path.dirname(os.path.dirname(__file__)), 'drafts', 'smollm2-135m-instruct-dflash'
+)
+USAGE = (
+  'dflash (the drafter shipped for SmolLM2-135M-Instruct; untrained without one), '
+  'dflash:random[,block=B,layers=N,seed=S] (untrained) or dflash:<directory>'
+)
+RANDOM_OPTIONS = {'block': ('block', int), 'layers': ('layers', int), 'seed': ('seed', int)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomSettings:
+  """An untrained drafter: blocks of `block`, `layers` layers, weights from `seed`."""
+
+  block: int = dflash_model.DEFAULT_BLOCK
+  layers: int = 1
+  seed: int = 0
+
+
+def _parse(spec):
+  """A directory (str) or RandomSettings; raises ValueError with USAGE for a bad spec."""
+  if len(spec.args) > 1:
+    raise spec.error(USAGE)
+  if spec.args and spec.args[0] != 'random':
+    if spec.options:
+      raise spec.error(USAGE)
+    path = spec.args[0]
+    if not dflash_ckpt.is_dflash_dir(path):
+      raise ValueError(
+        f'draft {spec.text!r}: no DFlash drafter at {path} (no config.json with '
+        f'dflash_config and model.safetensors)'
+      )
+    return path
+  if not spec.args and not spec.options and dflash_ckpt.is_dflash_dir(SHIPPED):
+    return SHIPPED
+  settings = RandomSettings(**spec.option_dict(RANDOM_OPTIONS, USAGE))
+  if settings.block < 2 or settings.layers < 1:
+    raise ValueError(f'draft {spec.text!r}: needs block >= 2 and layers >= 1; expected {USAGE}')
+  return settings
+
+
+def _untrained(settings: RandomSettings, target):
+  """(cfg, float32 params) of a randomly initialised drafter for `target`; its output
+  head and norm start from the target's, over the whole vocabulary."""
+  cfg = DFlashConfig.for_target(
+    target.cfg, target.cfg.vocab_size, n_layers=settings.layers, block_size=settings.block
+  )
+  ids = np.arange(target.cfg.vocab_size)
+  params = dflash_model.init_params(cfg, jax.random.key(settings.seed), ids, target.params)
+  return cfg, params
+
+
+def _build(settings, target, dtype):
+  if isinstance(settings, RandomSettings):
+    cfg, block = _untrained(settings, target)
+    name = f'DFlash block drafter (untrained, blocks of {cfg.block_size})'
+  else:
+    cfg, block, _ = dflash_ckpt.load(settings)
+    name = f'DFlash block drafter (blocks of {cfg.block_size}, target layers {list(cfg.capture)})'
+  if cfg.vocab_size != target.cfg.vocab_size or cfg.d_model != target.cfg.d_model:
+    raise ValueError(
+      f'DFlash drafter {settings} was made for a target with vocabulary {cfg.vocab_size} '
+      f'and width {cfg.d_model}; {target.source!r} has {target.cfg.vocab_size} and '
+      f'{target.cfg.d_model}'
+    )
+  llama.check_capture(target.cfg, cfg.capture)
+  embed = target.params['embed']
+  dt = jnp.dtype(dtype) if quant.is_block(embed) else np.asarray(embed).dtype
+  block = jax.tree.map(lambda a: a if a.dtype == np.int32 else np.asarray(a, dt), block)
+  return DFlashDrafter(cfg, name=name), {'block': block, 'embed': embed}
+
+
+DFLASH = DraftKind(usage=USAGE, parse=_parse, build=_build)
