@@ -141,8 +141,7 @@ class DFlashDrafter(Drafter):
       lag = jnp.max(committed_length(state) - draft_state.cache.lengths)
       branches = [lambda _, w=w: self._catch_up(block, draft_state, state, w) for w in widths]
       cache = jax.lax.switch((lag > widths[0]).astype(jnp.int32), branches, None)
-    logits = dflash_model.block_logits(block, embed, state.last_tokens, cache, self.cfg)
-    logits = logits[:, :gamma]  # [B, gamma, K]
+    logits = dflash_model.block_logits(block, embed, state.last_tokens, cache, self.cfg, gamma)
     ids = jnp.asarray(block['vocab_ids'])
     tokens = ids[sampling_lib.sample(logits, key, sampling)]
     q = to_full_vocab(sampling_lib.probabilities(logits, sampling), ids, self.vocab_size)

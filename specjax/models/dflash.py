@@ -252,10 +252,14 @@ def block_inputs(params, embed, anchor, cfg: DFlashConfig) -> jax.Array:
   return jnp.concatenate([e[:, None], masks.astype(e.dtype)], axis=1)
 
 
-def block_logits(params, embed, anchor, cache: KVCache, cfg: DFlashConfig) -> jax.Array:
+def block_logits(
+  params, embed, anchor, cache: KVCache, cfg: DFlashConfig, count: int = 0
+) -> jax.Array:
   """The drafter's one forward: anchor[B] (the last committed token, at position
   cache.lengths) and the context in `cache` -> float32 logits over the draft vocabulary
-  for the block_size - 1 positions after the anchor [B, T - 1, K]."""
+  for the block_size - 1 positions after the anchor [B, T - 1, K]. The whole block runs
+  (its positions see each other); `count` (static, 0: all) keeps the first `count`
+  positions' logits only."""
   start = cache.lengths
   positions = start[:, None] + jnp.arange(cfg.block_size, dtype=jnp.int32)  # [B, T]
   cos, sin = llama.rope_tables(positions, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
@@ -263,7 +267,7 @@ def block_logits(params, embed, anchor, cache: KVCache, cfg: DFlashConfig) -> ja
   x = block_inputs(params, embed, anchor, cfg)
   for i, lp in enumerate(params['layers']):
     x = block_layer(lp, x, cache.k[i], cache.v[i], ctx_mask, cos, sin, cfg)
-  x = llama.rms_norm(x[:, 1:], params['norm'], cfg.norm_eps)
+  x = llama.rms_norm(x[:, 1 : 1 + (count or cfg.block_size - 1)], params['norm'], cfg.norm_eps)
   return jnp.matmul(x, params['head'], preferred_element_type=jnp.float32)
 
 
