@@ -195,10 +195,11 @@ def test_probe_judges_files_and_writes_results(broken, shipped, tmp_path, capsys
 @pytest.mark.slow
 def test_a_defect_static_checks_miss_is_found_by_swapping_layers(broken, tmp_path, monkeypatch):
   monkeypatch.setattr(static, 'SUSPECT_RATIO', float('inf'))  # static checks see nothing
-  config = _config(candidates=(str(broken['scales']),), num_prompts=2, make=('q4_1',))
-  (result,) = [
-    r for r in probe.main(config, str(tmp_path), say=lambda *a: None) if not r['calibration']
-  ]
+  # what a q4_1 file should cost, as a q4_1 calibration measures it (0.0000: the reference's
+  # own blocks), without writing and probing one
+  monkeypatch.setattr(probe, 'expected_kl', lambda calibrated, kind: 1e-4)
+  config = _config(candidates=(str(broken['scales']),), num_prompts=2, make=())
+  (result,) = probe.main(config, str(tmp_path), say=lambda *a: None)
   assert result['verdict'] == 'broken'
   assert (
     result['suspect']['how'].startswith('layer swap') and result['suspect']['tensor'] == 'blk.12'
