@@ -2,14 +2,13 @@
 loading weights (specjax/harness/pair_check.py)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from specjax import config_lib, testing
 from specjax.checkpoints import hf, loader
 from specjax.harness import pair_check, run_lib
+from tests import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,16 +33,7 @@ def test_a_bad_config_argument_is_one_line():
     ('configs/pair.py:draft=ngram', 'error: configs/pair.py needs target=...'),
     ('configs/smollm2.py:tiny,foo', "error: unknown config argument 'foo'"),
   ):
-    proc = subprocess.run(
-      [sys.executable, '-m', 'specjax.run', '--config', spec],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=120,
-    )
-    assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert cli.one_line_error('specjax.run', '--config', spec).startswith(expected)
 
 
 def _model_dir(path, **overrides):

@@ -3,8 +3,6 @@ SmolLM2-135M-Instruct GGUF on the fly, each judged broken with the right suspect
 itself and its proper re-quantisations judged sound; bad input as one line."""
 
 import dataclasses
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from specjax.checkpoints import gguf as gguf_lib
 from specjax.data import assets
 from specjax.formats.gguf_file import open_reader
 from specjax.quant_probe import defects, fidelity, files, probe, speed, static
+from tests import cli
 from tests.test_checkpoints import write_gguf
 
 ROOT = __file__.rsplit('/tests/', 1)[0]
@@ -207,17 +206,7 @@ def test_a_defect_static_checks_miss_is_found_by_swapping_layers(broken, tmp_pat
 
 
 def _run(*args):
-  proc = subprocess.run(
-    [sys.executable, '-m', 'specjax.quant_probe', '--config', 'configs/quant_probe.py', *args],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1, lines
-  return lines[0]
+  return cli.one_line_error('specjax.quant_probe', '--config', 'configs/quant_probe.py', *args)
 
 
 def test_bad_input_is_one_line_before_any_work(shipped, tmp_path):
