@@ -689,12 +689,18 @@ def dense_product(x: jax.Array, w: jax.Array) -> jax.Array:
   return _kernel('kn', isa, x, w) if isa else x @ w
 
 
-def blocks_product(kind: str, x: jax.Array, qs, d, m) -> jax.Array | None:
-  """x[..., K] @ W.T for W in `kind` blocks on a kernel, or None where XLA's expanded
-  product is faster (or no kernel can run): the caller expands the weights then."""
+def blocks_path(kind: str, x: jax.Array, qs, d, m) -> str | None:
+  """The kernel (an ISA) that runs x[..., K] @ W.T for W in `kind` blocks, or None where
+  XLA's expanded product is faster or no kernel can run (a trace-time decision)."""
   if x.dtype != jnp.float32 or x.ndim < 1 or d.dtype != jnp.float16 or m.dtype != jnp.float16:
     return None  # the kernels take GGUF's float16 scales (models/quant.py)
-  isa = path(kind, int(qs.shape[0]), int(x.shape[-1]), _rows(x))
+  return path(kind, int(qs.shape[0]), int(x.shape[-1]), _rows(x))
+
+
+def blocks_product(kind: str, x: jax.Array, qs, d, m) -> jax.Array | None:
+  """x[..., K] @ W.T for W in `kind` blocks on a kernel, or None (blocks_path): the caller
+  expands the weights then."""
+  isa = blocks_path(kind, x, qs, d, m)
   return _call(kind, isa, x, qs, d, m) if isa else None
 
 

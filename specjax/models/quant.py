@@ -94,13 +94,7 @@ def is_block(x: Any) -> bool:
 
 def kernel_applies(x: jax.Array, w: BlockWeight) -> bool:
   """Whether a product of x with w runs a block kernel (trace-time decision, measured)."""
-  return (
-    x.dtype == jnp.float32
-    and w.d.dtype == jnp.float16  # the kernels read GGUF's float16 scales
-    and w.m.dtype == jnp.float16
-    and cpu_kernels.path(w.fmt, int(w.qs.shape[0]), int(x.shape[-1]), int(np.prod(x.shape[:-1])))
-    is not None
-  )
+  return cpu_kernels.blocks_path(w.fmt, x, w.qs, w.d, w.m) is not None
 
 
 def _rows_product(x: jax.Array, w: BlockWeight) -> jax.Array:
