@@ -21,7 +21,7 @@ d2t):
 DFlash's own drafters embed the mask as the target's embedding row of a `mask_token_id`
 added to the vocabulary and share the target's lm_head; specjax learns the mask
 embedding itself (vLLM takes such a separately trained mask from `mask_embedding.pt`,
-which an export writes; issue 32 item 6) and may keep a reduced draft vocabulary (vLLM
+which specjax/export/dflash.py writes) and may keep a reduced draft vocabulary (vLLM
 reads d2t for it, as for EAGLE-3). config.json carries the shape, `block_size` and
 `dflash_config.target_layer_ids` in DFlash's convention: the target layers whose
 *output* is read (Hugging Face hidden_states[i + 1]); specjax's `capture` names the
@@ -165,7 +165,9 @@ def save(directory, cfg: DFlashConfig, params, info: dict | None = None) -> None
   (d / CONFIG_FILE).write_text(json.dumps(hf_config(cfg, info), indent=2) + '\n')
 
 
-def _config(c: dict, file: pathlib.Path) -> DFlashConfig:
+def config_from_dict(c: dict, file: pathlib.Path) -> DFlashConfig:
+  """The DFlashConfig of a parsed config.json (capture from `specjax.capture`, else
+  dflash_config.target_layer_ids + 1); raises KeyError/TypeError/ValueError when malformed."""
   dc = c['dflash_config']
   extra = c.get('specjax') if isinstance(c.get('specjax'), dict) else {}
   capture = extra.get('capture') or [int(i) + 1 for i in dc['target_layer_ids']]
@@ -197,8 +199,14 @@ def load(directory) -> tuple[DFlashConfig, dict, dict]:
       f'{d}: not a DFlash drafter (needs {CONFIG_FILE} with dflash_config and {WEIGHTS_FILE})'
     )
   c = json.loads((d / CONFIG_FILE).read_text())
+  engine = c['specjax'].get('exported_for') if isinstance(c.get('specjax'), dict) else None
+  if engine:
+    raise ValueError(
+      f'{d}: an export for {engine}, which leaves tensors to the engine (read it with '
+      'specjax.export.dflash.read)'
+    )
   try:
-    cfg = _config(c, d / CONFIG_FILE)
+    cfg = config_from_dict(c, d / CONFIG_FILE)
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None
   params = from_tensors(safetensors.numpy.load_file(str(d / WEIGHTS_FILE)), cfg, str(d))
