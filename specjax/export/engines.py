@@ -9,6 +9,14 @@ DIR is a draft specjax trained (python -m specjax.train_draft):
   vllm and sglang get the same tensors, copied byte for byte, and a config.json in each
   engine's convention for the captured layers. hf is refused: transformers has no EAGLE-3
   loader, and its assisted generation takes a full causal LM.
+* a DFlash block drafter (config.json with dflash_config + model.safetensors,
+  specjax/checkpoints/dflash.py): vllm and sglang get what each one's DFlash loader reads,
+  specjax/export/dflash.py (its docstring names the loader source). vllm: the tensors minus
+  the mask, which goes to mask_embedding.pt, and dflash_config.mask_token_id (--mask-token-id,
+  default the vocabulary's last id). sglang borrows the target's embedding and lm_head, so
+  the drafter's head must be the target's and its mask one of the target's embedding rows
+  (checked against --target, which loads). hf is refused: z-lab's transformers model is
+  remote code from the Hub, not a layout transformers loads.
 * a distilled draft (draft.json + draft.safetensors, specjax/checkpoints/draft_dir.py). It is
   an ordinary small causal LM once the target's input embedding (not stored with the draft)
   is attached, so every engine gets the same Hugging Face LlamaForCausalLM directory
@@ -66,7 +74,9 @@ import pathlib
 import shutil
 import sys
 
+from specjax.checkpoints import dflash as dflash_ckpt
 from specjax.checkpoints import draft_dir, eagle3
+from specjax.export import dflash as dflash_export
 
 ENGINES = ('vllm', 'sglang', 'hf')
 DEFAULT_TARGET = 'smollm2-135m-instruct'  # the default target (harness/api.py DEFAULT_MODEL)
@@ -77,7 +87,7 @@ HUB_NAMES = {  # specjax's pinned assets -> the models the engines load
 }
 USAGE = (
   'python -m specjax.export --draft DIR --engine vllm|sglang|hf --out OUTDIR '
-  '[--target MODEL] [--overwrite]'
+  '[--target MODEL] [--mask-token-id ID] [--overwrite]'
 )
 HF_EAGLE3 = (
   "an EAGLE-3 head reads the target's hidden states, and transformers has no EAGLE-3 loader "
@@ -86,14 +96,23 @@ HF_EAGLE3 = (
 )
 
 
+HF_DFLASH = (
+  "a DFlash drafter reads the target's hidden states, and transformers has no DFlash loader "
+  "(z-lab's model is remote code from the Hub): use --engine vllm|sglang"
+)
+
+
 def draft_kind(path) -> str:
-  """'eagle3' or 'distilled': which kind of draft directory `path` is."""
+  """'dflash', 'eagle3' or 'distilled': which kind of draft directory `path` is."""
+  if dflash_ckpt.is_dflash_dir(path):  # first: its config.json has draft_vocab_size too
+    return 'dflash'
   if eagle3.is_head_dir(path):
     return 'eagle3'
   if draft_dir.is_draft_dir(path):
     return 'distilled'
   raise ValueError(
-    f'--draft {path}: not a draft specjax saved (neither an EAGLE-3 head: '
+    f'--draft {path}: not a draft specjax saved (neither a DFlash drafter: '
+    f'{dflash_ckpt.CONFIG_FILE} with dflash_config; nor an EAGLE-3 head: '
     f'{eagle3.CONFIG_FILE} with draft_vocab_size and {eagle3.WEIGHTS_FILE}; nor a distilled '
     f'draft: {draft_dir.CONFIG_FILE})'
   )
@@ -169,20 +188,56 @@ def export_distilled(draft, out, target: str) -> dict:
   return info
 
 
-def export(draft, engine: str, out, target: str | None = None, overwrite: bool = False) -> str:
+def export_dflash(draft, engine: str, out, target: str | None, mask_token_id=None) -> int:
+  """Writes the DFlash drafter in `draft` to `out` for `engine` ('vllm' or 'sglang');
+  returns the mask token id it wrote. The target loads only for SGLang (or to read an
+  SGLang export back)."""
+  if engine == 'sglang' and mask_token_id is not None:
+    raise ValueError('--mask-token-id is for vllm: SGLang takes the target row the mask is')
+  from_sglang = dflash_export.exported_for(draft) == 'sglang'
+  loaded = None if from_sglang else dflash_export.load_any(draft)
+  if loaded:  # everything checkable without the target, before it loads
+    dflash_export.check_for_engines(loaded[0])
+    if engine == 'vllm':
+      dflash_export.check_mask_token_id(loaded[0], mask_token_id)
+  target_params = None
+  if engine == 'sglang' or from_sglang:
+    from specjax.checkpoints import loader
+
+    loader.check_model_spec(target or DEFAULT_TARGET)
+    target_params = loader.load_model(target or DEFAULT_TARGET).params
+  loaded = loaded or dflash_export.load_any(draft, target_params)
+  if engine == 'vllm':
+    return dflash_export.export_vllm(loaded, out, mask_token_id)
+  return dflash_export.export_sglang(loaded, out, target_params)
+
+
+def export(
+  draft,
+  engine: str,
+  out,
+  target: str | None = None,
+  overwrite: bool = False,
+  mask_token_id: int | None = None,
+) -> str:
   """Exports the draft in `draft` for `engine` into `out`; returns its kind.
 
   Raises ValueError (one line) for a directory that is no draft, an unknown engine, an
-  EAGLE-3 head for 'hf', an `out` that is not empty (unless `overwrite`), or a head or target
-  an engine cannot take, before any model loads.
+  EAGLE-3 head or DFlash drafter for 'hf', an `out` that is not empty (unless `overwrite`),
+  or a head or target an engine cannot take, before any model loads (an SGLang DFlash export
+  checks the drafter against the target once it has loaded).
   """
   check_engine(engine)
   kind = draft_kind(draft)
   if kind == 'eagle3' and engine == 'hf':
     raise ValueError(HF_EAGLE3)
+  if kind == 'dflash' and engine == 'hf':
+    raise ValueError(HF_DFLASH)
   check_out(out, draft, overwrite)
   if kind == 'eagle3':
     export_eagle3(draft, engine, out)
+  elif kind == 'dflash':
+    export_dflash(draft, engine, out, target, mask_token_id)
   else:
     export_distilled(draft, out, target or DEFAULT_TARGET)
   return kind
@@ -201,6 +256,19 @@ def hub_name(spec: str | None) -> str | None:
   return None
 
 
+def dflash_snippet(engine: str, out: str, t: str) -> str:
+  """How to load a DFlash export: the whole block, block_size - 1 drafted tokens (vLLM's
+  num_speculative_tokens; SGLang's num_draft_tokens counts the anchor too)."""
+  block = json.loads((pathlib.Path(out) / dflash_ckpt.CONFIG_FILE).read_text())['block_size']
+  if engine == 'vllm':
+    spec = {'method': 'dflash', 'model': out, 'num_speculative_tokens': block - 1}
+    return f'from vllm import LLM\nllm = LLM(model={t!r}, speculative_config={json.dumps(spec)})'
+  return (
+    f'python -m sglang.launch_server --model {t} --speculative-algorithm DFLASH '
+    f'--speculative-draft-model-path {out} --speculative-num-draft-tokens {block}'
+  )
+
+
 def snippet(kind: str, engine: str, out, target: str | None) -> str:
   """How to load the export in `engine`, with the target's name where known."""
   t, out = target or 'TARGET', str(out)
@@ -215,6 +283,8 @@ def snippet(kind: str, engine: str, out, target: str | None) -> str:
         f'assistant_model=AutoModelForCausalLM.from_pretrained({out!r}))',
       ]
     )
+  if kind == 'dflash':
+    return dflash_snippet(engine, out, t)
   if engine == 'vllm':
     method = 'eagle3' if kind == 'eagle3' else 'draft_model'
     spec = {'method': method, 'model': out, 'num_speculative_tokens': 4}
@@ -229,7 +299,18 @@ def snippet(kind: str, engine: str, out, target: str | None) -> str:
 
 def describe(kind: str, engine: str, out, target: str | None) -> str:
   """What was written, and the snippet that loads it."""
-  if kind == 'eagle3':
+  if kind == 'dflash':
+    c = json.loads((pathlib.Path(out) / dflash_ckpt.CONFIG_FILE).read_text())
+    m = c['dflash_config']['mask_token_id']
+    lines = [f'wrote a DFlash drafter for {engine} to {out} (mask_token_id {m})']
+    if engine == 'vllm':
+      lines.append(
+        f'its mask embedding is in {dflash_export.MASK_FILE}; vLLM feeds it wherever the input '
+        f'id is {m}, so an anchor token {m} would read as the mask (--mask-token-id picks another)'
+      )
+    else:
+      lines.append("SGLang drafts with the target's embedding and lm_head (checked: the drafter's)")
+  elif kind == 'eagle3':
     lines = [f'wrote an EAGLE-3 head for {engine} to {out}']
     if engine == 'sglang':
       lines.append(
@@ -271,13 +352,22 @@ def main(argv=None) -> int:
     help=f'the target model (a specjax model spec; default {DEFAULT_TARGET} for a distilled '
     'draft, whose embedding it takes)',
   )
+  parser.add_argument(
+    '--mask-token-id',
+    type=int,
+    default=None,
+    help='DFlash for vllm: the token id the drafted slots are fed as (default the last id)',
+  )
   parser.add_argument('--overwrite', action='store_true', help='write into a non-empty --out')
   args = parser.parse_args(argv)
   try:
-    kind = export(args.draft, args.engine, args.out, args.target, args.overwrite)
+    kind = export(
+      args.draft, args.engine, args.out, args.target, args.overwrite, args.mask_token_id
+    )
   except (ValueError, OSError) as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
     return 2
-  target = args.target or (DEFAULT_TARGET if kind == 'distilled' else None)
+  uses_target = kind == 'distilled' or (kind == 'dflash' and args.engine == 'sglang')
+  target = args.target or (DEFAULT_TARGET if uses_target else None)
   print(describe(kind, args.engine, args.out, target))
   return 0
