@@ -1,18 +1,23 @@
 """python -m specjax.export: EAGLE-3 heads for vLLM and SGLang (the same tensors, captured
-layer ids one apart), distilled drafts as a transformers assistant model with the draft's
-logits, and one-line errors before any model loads."""
+layer ids one apart), DFlash drafters in each engine's DFlash layout (read back to the same
+weights), distilled drafts as a transformers assistant model with the draft's logits, and
+one-line errors before any model loads."""
 
 import json
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
 
 from specjax import testing
+from specjax.checkpoints import dflash as dflash_ckpt
 from specjax.checkpoints import draft_dir, eagle3, loader
 from specjax.drafters import distilled
+from specjax.export import dflash as dflash_export
 from specjax.export import engines as export
+from specjax.models import dflash as dflash_model
 from specjax.models import eagle as eagle_model
 
 
@@ -220,3 +225,188 @@ def test_overwrite_writes_into_a_non_empty_directory(head, tmp_path, capsys):
   assert run(capsys, '--draft', src, '--engine', 'vllm', '--out', out, '--overwrite')[0] == 0
   assert (out / 'keep.txt').read_text() == 'x'
   assert eagle3.is_head_dir(out)
+
+
+# DFlash drafters: the names and keys below are the ones read from the engines' loaders
+# (specjax/export/dflash.py's docstring names the files and functions).
+VLLM_TOP = {'fc.weight', 'hidden_norm.weight', 'norm.weight', 'lm_head.weight'}
+LAYER_TENSORS = {
+  'input_layernorm.weight',
+  'self_attn.q_proj.weight',
+  'self_attn.k_proj.weight',
+  'self_attn.v_proj.weight',
+  'self_attn.q_norm.weight',
+  'self_attn.k_norm.weight',
+  'self_attn.o_proj.weight',
+  'post_attention_layernorm.weight',
+  'mlp.gate_proj.weight',
+  'mlp.up_proj.weight',
+  'mlp.down_proj.weight',
+}
+
+
+def save_dflash(directory, ids=None, capture=(1, 2), layers=2, mask_row=None, seed=0):
+  """A random DFlash drafter for the 'tiny' target (block 4); with `mask_row` its mask
+  embedding is that target embedding row (what SGLang can run). Returns its config."""
+  target = loader.load_model('tiny')
+  ids = np.arange(target.cfg.vocab_size) if ids is None else np.asarray(ids)
+  dc = dflash_model.DFlashConfig.for_target(
+    target.cfg, len(ids), capture=capture, n_layers=layers, block_size=4
+  )
+  dp = dflash_model.init_params(dc, jax.random.key(seed), ids, target.params)
+  if mask_row is not None:
+    dp['mask'] = np.asarray(target.params['embed'], np.float32)[mask_row]
+  dflash_ckpt.save(directory, dc, dp, {'note': 'test'})
+  return dc
+
+
+@pytest.fixture(scope='module')
+def dflash_dirs(tmp_path_factory):
+  """(reduced vocabulary, learned mask), (full vocabulary, mask = target row 77)."""
+  reduced, full = tmp_path_factory.mktemp('dflash_k'), tmp_path_factory.mktemp('dflash_v')
+  save_dflash(reduced, ids=np.arange(3, 259, 2))
+  save_dflash(full, mask_row=77)
+  return reduced, full
+
+
+def layer_names(n):
+  return {f'layers.{i}.{name}' for i in range(n) for name in LAYER_TENSORS}
+
+
+def test_dflash_for_vllm_has_the_names_keys_and_mask_file_its_loader_reads(
+  dflash_dirs, tmp_path, capsys
+):
+  torch = pytest.importorskip('torch')
+  src = dflash_dirs[0]
+  dc, _, _ = dflash_ckpt.load(src)
+  out = tmp_path / 'vllm'
+  rc, text, err = run(capsys, '--draft', src, '--engine', 'vllm', '--out', out)
+  assert rc == 0 and not err, err
+  assert sorted(p.name for p in out.iterdir()) == [
+    'config.json',
+    'mask_embedding.pt',
+    'model.safetensors',
+  ]
+  t = safetensors.numpy.load_file(str(out / 'model.safetensors'))
+  # Bare names (vLLM prefixes model. itself); no in-file mask (vLLM would drop it).
+  assert set(t) == VLLM_TOP | {'d2t'} | layer_names(2)
+  assert not any(k.startswith('model.') for k in t)
+  assert t['lm_head.weight'].shape == (dc.draft_vocab, dc.d_model)
+  assert t['fc.weight'].shape == (dc.d_model, 2 * dc.d_model)
+  assert t['d2t'].dtype == np.int64 and t['fc.weight'].dtype == ml_dtypes.bfloat16
+  np.testing.assert_array_equal(t['d2t'] + np.arange(dc.draft_vocab), np.arange(3, 259, 2))
+  c = config_of(out)
+  assert c['architectures'] == ['DFlashDraftModel'] and c['model_type'] == 'qwen3'
+  assert c['is_causal'] is False and c['draft_vocab_size'] == dc.draft_vocab
+  assert c['dflash_config']['target_layer_ids'] == [0, 1]  # capture (1, 2) minus one
+  assert c['dflash_config']['block_size'] == 4
+  assert c['dflash_config']['mask_token_id'] == dc.vocab_size - 1
+  assert c['specjax'] == {'note': 'test', 'exported_for': 'vllm'}
+  mask = torch.load(str(out / 'mask_embedding.pt'), weights_only=True)
+  assert mask['mask_token_id'] == dc.vocab_size - 1 and mask['embedding'].shape == (dc.d_model,)
+  assert '"method": "dflash"' in text and '"num_speculative_tokens": 3' in text
+
+
+def test_dflash_exports_read_back_as_the_same_drafter(dflash_dirs, tmp_path, capsys):
+  pytest.importorskip('torch')
+  target = loader.load_model('tiny')
+  for src, engine in (
+    (dflash_dirs[0], 'vllm'),
+    (dflash_dirs[1], 'vllm'),
+    (dflash_dirs[1], 'sglang'),
+  ):
+    dc, dp, _ = dflash_ckpt.load(src)
+    out = tmp_path / f'{engine}_{src.name}'
+    args = ['--draft', src, '--engine', engine, '--out', out, '--target', 'tiny']
+    assert run(capsys, *args)[0] == 0
+    c = config_of(out)
+    assert 'capture' not in c['specjax']  # read back from target_layer_ids + 1
+    dc2, dp2, info = dflash_export.read(out, target.params)
+    assert dc2 == dc and dc2.capture == (1, 2)
+    assert info == {'note': 'test', 'exported_for': engine}
+    jax.tree.map(np.testing.assert_array_equal, dp, dp2)
+  # A full vocabulary has no d2t for vLLM (no draft_id_to_target_id to load it into).
+  t = safetensors.numpy.load_file(
+    str(tmp_path / f'vllm_{dflash_dirs[1].name}' / 'model.safetensors')
+  )
+  assert 'd2t' not in t
+  # An export exported again gives the same files.
+  again = tmp_path / 'again'
+  assert (
+    run(
+      capsys,
+      '--draft',
+      tmp_path / f'vllm_{dflash_dirs[0].name}',
+      '--engine',
+      'vllm',
+      '--out',
+      again,
+    )[0]
+    == 0
+  )
+  first = tmp_path / f'vllm_{dflash_dirs[0].name}'
+  for name in ('config.json', 'model.safetensors'):
+    assert (again / name).read_bytes() == (first / name).read_bytes()
+
+
+def test_dflash_for_sglang_keeps_what_its_model_holds(dflash_dirs, tmp_path, capsys):
+  src = dflash_dirs[1]
+  out = tmp_path / 'sglang'
+  rc, text, err = run(
+    capsys, '--draft', src, '--engine', 'sglang', '--out', out, '--target', 'tiny'
+  )
+  assert rc == 0 and not err, err
+  assert sorted(p.name for p in out.iterdir()) == ['config.json', 'model.safetensors']
+  t = safetensors.numpy.load_file(str(out / 'model.safetensors'))
+  assert set(t) == {'fc.weight', 'hidden_norm.weight', 'norm.weight'} | layer_names(2)
+  c = config_of(out)
+  assert c['architectures'] == ['DFlashDraftModel'] and 'draft_vocab_size' not in c
+  assert c['dflash_config']['target_layer_ids'] == [0, 1]
+  assert c['dflash_config']['mask_token_id'] == 77 and c['dflash_config']['block_size'] == 4
+  assert '--speculative-algorithm DFLASH' in text and '--speculative-num-draft-tokens 4' in text
+
+
+def test_dflash_refusals_are_one_line(dflash_dirs, tmp_path, capsys, monkeypatch):
+  reduced, full = dflash_dirs
+  cases = [
+    (['--draft', full, '--engine', 'hf'], export.HF_DFLASH),
+    (['--draft', reduced, '--engine', 'sglang', '--target', 'tiny'], 'keeps 128 of 259 tokens'),
+    (['--draft', reduced, '--engine', 'vllm', '--mask-token-id', '259'], 'outside the vocabulary'),
+    (
+      ['--draft', full, '--engine', 'sglang', '--mask-token-id', '3'],
+      '--mask-token-id is for vllm',
+    ),
+  ]
+  learned = tmp_path / 'learned'
+  save_dflash(learned)  # full vocabulary, learned mask
+  cases.append(
+    (['--draft', learned, '--engine', 'sglang', '--target', 'tiny'], 'no row of the target')
+  )
+  layer0 = tmp_path / 'layer0'
+  save_dflash(layer0, capture=(0, 2))
+  cases.append((['--draft', layer0, '--engine', 'vllm'], 'entering target layer 0'))
+  for args, message in cases:
+    rc, _, err = run(capsys, *args, '--out', tmp_path / 'out')
+    assert rc == 2 and err.startswith('error: ') and err.count('\n') == 1, err
+    assert message in err, err
+    assert not (tmp_path / 'out' / 'config.json').exists()
+  # The SGLang export's own head is the target's: a changed head is refused.
+  dc, dp, _ = dflash_ckpt.load(full)
+  dp['head'] = dp['head'] + 1.0
+  dflash_ckpt.save(tmp_path / 'head', dc, dp)
+  rc, _, err = run(
+    capsys,
+    '--draft',
+    tmp_path / 'head',
+    '--engine',
+    'sglang',
+    '--target',
+    'tiny',
+    '--out',
+    tmp_path / 'out',
+  )
+  assert rc == 2 and "is not the target's lm_head" in err
+  # checkpoints/dflash.load names the reader for an export.
+  with pytest.raises(ValueError, match='an export for vllm'):
+    run(capsys, '--draft', reduced, '--engine', 'vllm', '--out', tmp_path / 'v')
+    dflash_ckpt.load(tmp_path / 'v')
