@@ -368,7 +368,13 @@ def label_features(target, tokens: np.ndarray, capture, folder, batch: int, prog
     'lse': ((n, t), np.float32),
   }
   marker = folder / 'labelled.json'
-  done = json.loads(marker.read_text())['rows'] if marker.exists() else 0
+  saved = json.loads(marker.read_text()) if marker.exists() else {'rows': 0}
+  if saved.get('capture', list(capture)) != list(capture):  # the folder's key leaves it out
+    raise ValueError(
+      f'{folder} holds the features of target layers {saved["capture"]}, not {list(capture)}: '
+      'capture the same layers as the run that labelled it, or give the data another name'
+    )
+  done = saved['rows']
   arrays = {}
   for name, (shape, dtype) in shapes.items():
     path = folder / f'{name}.npy'
@@ -399,7 +405,7 @@ def label_features(target, tokens: np.ndarray, capture, folder, batch: int, prog
     for a in arrays.values():
       a.flush()
     done = lo + batch - pad
-    marker.write_text(json.dumps({'rows': done}))
+    marker.write_text(json.dumps({'rows': done, 'capture': list(capture)}))
     elapsed = time.time() - start
     progress(f'target features {done}/{n} sequences ({(done - first) * t / elapsed:.0f} tokens/s)')
 
