@@ -33,6 +33,7 @@ DRAFTS = Registry(
     'distilled': 'specjax.drafters.distilled:DISTILLED',
     'eagle': 'specjax.drafters.eagle:EAGLE',
     'dflash': 'specjax.drafters.dflash:DFLASH',
+    'dspark': 'specjax.drafters.dspark:DSPARK',
     'consensus': 'specjax.drafters.consensus:CONSENSUS',
     'quantized': 'specjax.drafters.model:QUANTIZED',
     'multilevel': 'specjax.drafters.multilevel:MULTILEVEL',

@@ -70,6 +70,7 @@ class DFlashDrafter(Drafter):
   name: str = 'DFlash block drafter'
   ring: int = 0
   resync: int = 0
+  kind = 'DFlash'  # (a class constant: what errors call it)
 
   @property
   def vocab_size(self) -> int:
@@ -127,20 +128,25 @@ class DFlashDrafter(Drafter):
     cache = dflash_model.absorb(block, cache, feats, positions, valid, self.cfg)
     return cache.with_lengths(target_len)
 
-  def propose(self, params, draft_state: DFlashState, state, key, gamma, sampling):
+  def context(self, params, draft_state: DFlashState, state, gamma: int) -> KVCache:
+    """The cache with every committed position written (the pending ones from the ring),
+    after checking that gamma fits the block."""
     if gamma > self.cfg.block_size - 1:
       raise ValueError(
-        f'a DFlash drafter with blocks of {self.cfg.block_size} drafts at most '
+        f'a {self.kind} drafter with blocks of {self.cfg.block_size} drafts at most '
         f'{self.cfg.block_size - 1} tokens; gamma {gamma} asks for more'
       )
-    block, embed = params['block'], params['embed']
+    block = params['block']
     widths = [self.cfg.block_size] + ([self.ring_size] if self.resync else [])
     if len(widths) == 1:
-      cache = self._catch_up(block, draft_state, state, widths[0])
-    else:
-      lag = jnp.max(committed_length(state) - draft_state.cache.lengths)
-      branches = [lambda _, w=w: self._catch_up(block, draft_state, state, w) for w in widths]
-      cache = jax.lax.switch((lag > widths[0]).astype(jnp.int32), branches, None)
+      return self._catch_up(block, draft_state, state, widths[0])
+    lag = jnp.max(committed_length(state) - draft_state.cache.lengths)
+    branches = [lambda _, w=w: self._catch_up(block, draft_state, state, w) for w in widths]
+    return jax.lax.switch((lag > widths[0]).astype(jnp.int32), branches, None)
+
+  def propose(self, params, draft_state: DFlashState, state, key, gamma, sampling):
+    block, embed = params['block'], params['embed']
+    cache = self.context(params, draft_state, state, gamma)
     logits = dflash_model.block_logits(block, embed, state.last_tokens, cache, self.cfg, gamma)
     ids = jnp.asarray(block['vocab_ids'])
     tokens = ids[sampling_lib.sample(logits, key, sampling)]

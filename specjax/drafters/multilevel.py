@@ -183,7 +183,8 @@ def _parse(spec) -> tuple[Any, Any, int]:
   texts = (levels[0], levels[1] if len(levels) == 2 else 'multilevel:' + '+'.join(levels[1:]))
   upper, lower = (registry.parse_draft(a) for a in texts)
   if upper[0] in [
-    registry.DRAFTS.get(n) for n in ('ngram', 'consensus', 'eagle', 'dflash', 'multilevel')
+    registry.DRAFTS.get(n)
+    for n in ('ngram', 'consensus', 'eagle', 'dflash', 'dspark', 'multilevel')
   ]:
     raise spec.error(
       f'{MULTILEVEL_USAGE}: the upper level {levels[0]!r} must be a draft model (quantized, '

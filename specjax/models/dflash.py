@@ -260,6 +260,18 @@ def block_logits(
   for the block_size - 1 positions after the anchor [B, T - 1, K]. The whole block runs
   (its positions see each other); `count` (static, 0: all) keeps the first `count`
   positions' logits only."""
+  return head_logits(params, block_states(params, embed, anchor, cache, cfg, count))
+
+
+def head_logits(params, states: jax.Array) -> jax.Array:
+  """Float32 logits over the draft vocabulary of final states [..., D]."""
+  return jnp.matmul(states, params['head'], preferred_element_type=jnp.float32)
+
+
+def block_states(
+  params, embed, anchor, cache: KVCache, cfg: DFlashConfig, count: int = 0
+) -> jax.Array:
+  """block_logits' final (normed) states [B, count or T - 1, D], before the head."""
   start = cache.lengths
   positions = start[:, None] + jnp.arange(cfg.block_size, dtype=jnp.int32)  # [B, T]
   cos, sin = llama.rope_tables(positions, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
@@ -267,8 +279,7 @@ def block_logits(
   x = block_inputs(params, embed, anchor, cfg)
   for i, lp in enumerate(params['layers']):
     x = block_layer(lp, x, cache.k[i], cache.v[i], ctx_mask, cos, sin, cfg)
-  x = llama.rms_norm(x[:, 1 : 1 + (count or cfg.block_size - 1)], params['norm'], cfg.norm_eps)
-  return jnp.matmul(x, params['head'], preferred_element_type=jnp.float32)
+  return llama.rms_norm(x[:, 1 : 1 + (count or cfg.block_size - 1)], params['norm'], cfg.norm_eps)
 
 
 def forward(params, embed, features, context_lens, anchor, cfg: DFlashConfig) -> jax.Array:

@@ -1,0 +1,105 @@
+"""The DSpark drafter: a DFlash block drafter (drafters/dflash.py) with DSpark's Markov
+and confidence heads (specjax/models/dspark.py).
+
+One block forward gives every position's state; the Markov head then draws the chain in
+order, each position's distribution shifted by the token drawn before it, and the
+confidence head says how likely each drafted token is to survive verification
+(`confidences`: what scheduled verification reads). Everything else (the ring of target
+features, catch-up, rollback, sharding) is the DFlash drafter's.
+
+Draft specs: `dspark:random[,block=B,layers=N,seed=S,rank=R]` (untrained: its Markov bias
+starts at zero, so it drafts as the DFlash block it extends) or `dspark:DIR` (a DFlash
+checkpoint whose config.json carries `markov_rank`, with the heads' tensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.checkpoints import dflash as dflash_ckpt
+from specjax.core.contract import DraftKind
+from specjax.drafters import dflash as dflash_drafter
+from specjax.drafters.dflash import DFlashDrafter, DFlashState
+from specjax.drafters.eagle import to_full_vocab
+from specjax.models import dflash as dflash_model
+from specjax.models import dspark as dspark_model
+
+DEFAULT_RANK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class DSparkDrafter(DFlashDrafter):
+  """params {'block': DFlash's, 'embed': the target's [V, D], 'heads': models/dspark's}."""
+
+  name: str = 'DSpark block drafter'
+  kind = 'DSpark'
+
+  def _block(self, params, draft_state: DFlashState, state, gamma: int):
+    """(cache caught up, base logits [B, gamma, K], final states [B, gamma, D])."""
+    block = params['block']
+    cache = self.context(params, draft_state, state, gamma)
+    states = dflash_model.block_states(
+      block, params['embed'], state.last_tokens, cache, self.cfg, gamma
+    )
+    return cache, dflash_model.head_logits(block, states), states
+
+  def propose(self, params, draft_state: DFlashState, state, key, gamma, sampling):
+    cache, base, states = self._block(params, draft_state, state, gamma)
+    ids = jnp.asarray(params['block']['vocab_ids'])
+    picks, q, _ = dspark_model.chain(
+      params['heads'], base, states, state.last_tokens, ids, key, sampling
+    )
+    return ids[picks], to_full_vocab(q, ids, self.vocab_size), draft_state.replace(cache=cache)
+
+  def confidences(self, params, draft_state: DFlashState, state, key, gamma, sampling):
+    """Each of the first gamma drafted positions' survival probability [B, gamma] (given
+    the positions before it survived), for the proposal `propose` makes with this key."""
+    _, base, states = self._block(params, draft_state, state, gamma)
+    ids = jnp.asarray(params['block']['vocab_ids'])
+    return dspark_model.chain(params['heads'], base, states, state.last_tokens, ids, key, sampling)[
+      2
+    ]
+
+
+USAGE = (
+  'dspark:random[,block=B,layers=N,seed=S,rank=R] (untrained) or dspark:<directory> (a '
+  'DFlash checkpoint with DSpark heads)'
+)
+OPTIONS = {**dflash_drafter.RANDOM_OPTIONS, 'rank': ('rank', int)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings(dflash_drafter.RandomSettings):
+  rank: int = DEFAULT_RANK
+
+
+def _parse(spec):
+  if len(spec.args) > 1 or (spec.args and spec.args[0] != 'random' and spec.options):
+    raise spec.error(USAGE)
+  if spec.args and spec.args[0] != 'random':
+    if not dflash_ckpt.is_dflash_dir(spec.args[0]):
+      raise ValueError(f'draft {spec.text!r}: no DFlash drafter at {spec.args[0]}')
+    return spec.args[0]
+  if not spec.args:
+    raise spec.error(USAGE)
+  settings = Settings(**spec.option_dict(OPTIONS, USAGE))
+  if settings.block < 2 or settings.layers < 1 or settings.rank < 1:
+    raise ValueError(f'draft {spec.text!r}: needs block >= 2, layers >= 1, rank >= 1')
+  return settings
+
+
+def _build(settings, target, dtype):
+  if not isinstance(settings, Settings):
+    raise ValueError(f'draft dspark:{settings}: loading DSpark heads is not written yet')
+  drafter, params = dflash_drafter.DFLASH.build(settings, target, dtype)
+  cfg = drafter.cfg
+  key = jax.random.fold_in(jax.random.key(settings.seed), 1)
+  heads = dspark_model.init_params(cfg.vocab_size, cfg.draft_vocab, cfg.d_model, settings.rank, key)
+  name = f'DSpark block drafter (untrained, blocks of {cfg.block_size}, rank {settings.rank})'
+  return DSparkDrafter(cfg, name=name), {**params, 'heads': heads}
+
+
+DSPARK = DraftKind(usage=USAGE, parse=_parse, build=_build)

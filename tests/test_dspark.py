@@ -1,0 +1,121 @@
+"""DSpark's heads on a DFlash block drafter: the chain is drawn position by position with
+each position's q as the Markov head gives it (what a teacher-forced pass over the drawn
+tokens computes), confidences are probabilities, greedy identity, lossless sampling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import registry, testing
+from specjax.checkpoints import loader
+from specjax.core.sampling import SamplingConfig
+from specjax.decode import loop
+from specjax.decode.engine import Engine
+from specjax.decode.prefill import prefill
+from specjax.drafters.dspark import DSparkDrafter
+from specjax.models import dflash as dflash_model
+from specjax.models import dspark as dspark_model
+from tests.test_dflash import PROMPTS, make_drafter
+
+
+def trained_heads(cfg, dc, rank=4, seed=7):
+  """Heads with a Markov bias and confidences that matter (an untrained W2 is zero)."""
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  heads = dspark_model.init_params(cfg.vocab_size, dc.draft_vocab, dc.d_model, rank, k1)
+  heads['w1'] = heads['w1'] * 50.0  # normal(0, 1)
+  heads['w2'] = np.asarray(jax.random.normal(k2, heads['w2'].shape))
+  heads['conf_w'] = np.asarray(jax.random.normal(k3, heads['conf_w'].shape))
+  heads['conf_b'] = np.float32(0.5)
+  return heads
+
+
+def engine_for(target, dc, dp, heads, cache_size=128):
+  cfg, params = target
+  return Engine(
+    params,
+    cfg,
+    eos_id=-1,
+    cache_size=cache_size,
+    drafter=DSparkDrafter(dc),
+    draft_params={'block': dp, 'embed': params['embed'], 'heads': heads},
+  )
+
+
+def test_the_chain_is_the_markov_heads_teacher_forced_distributions():
+  """Sampled at T = 1: each drawn position's q equals a teacher-forced pass of the heads
+  over the tokens drawn before it, and the confidences are its sigmoid, in (0, 1)."""
+  target = testing.tiny_model(seed=21, vocab_size=8, n_layers=3, scale=0.3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=5, vocab_ids=[0, 1, 2, 4, 5, 7], seed=1)
+  heads = trained_heads(cfg, dc)
+  drafter = DSparkDrafter(dc)
+  method = loop.Method(gamma=4, verifier='rejection', drafter=drafter)
+  all_params = {'target': params, 'draft': {'block': dp, 'embed': params['embed'], 'heads': heads}}
+  t1 = SamplingConfig(temperature=1.0)
+  state = prefill(
+    all_params, jnp.asarray([PROMPTS[1], PROMPTS[3] + [0] * 6]) % 8,
+    jnp.asarray([len(PROMPTS[1]), len(PROMPTS[3])]), jnp.asarray([20, 20]), jax.random.key(0),
+    cfg=cfg, method=method, sampling=t1, eos_id=-1, cache_size=64, out_len=24,
+  )  # fmt: skip
+  key = jax.random.key(3)
+  tokens, q, _ = drafter.propose(all_params['draft'], state.spec.draft, state, key, 4, t1)
+  conf = drafter.confidences(all_params['draft'], state.spec.draft, state, key, 4, t1)
+  cache = drafter.context(all_params['draft'], state.spec.draft, state, 4)
+  states = dflash_model.block_states(dp, params['embed'], state.last_tokens, cache, dc, 4)
+  base = dflash_model.head_logits(dp, states)
+  previous = jnp.concatenate([state.last_tokens[:, None], tokens[:, :-1]], axis=1)
+  logits, conf_logits = dspark_model.teacher_forced(heads, base, states, previous)
+  ids = np.asarray(dp['vocab_ids'])
+  np.testing.assert_allclose(q[..., ids], jax.nn.softmax(logits, -1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(conf, jax.nn.sigmoid(conf_logits), rtol=1e-5)
+  assert float(q[..., [3, 6]].max()) == 0.0  # outside the draft vocabulary
+  assert np.all((np.asarray(conf) > 0) & (np.asarray(conf) < 1))
+  # the Markov head matters: without it the drafted distributions differ
+  plain = jax.nn.softmax(base, -1)
+  assert float(jnp.abs(plain - jax.nn.softmax(logits, -1)).max()) > 0.05
+
+
+@pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])
+def test_dspark_greedy_equals_target_greedy(verifier):
+  target = testing.tiny_model(seed=3, n_layers=3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=4)
+  engine = engine_for(target, dc, dp, trained_heads(cfg, dc))
+  reference = engine.generate(PROMPTS, 24).tokens
+  for gamma in (1, 3):
+    assert engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier).tokens == reference
+
+
+@pytest.mark.parametrize('verifier', ['rejection', 'block'])
+def test_dspark_sampling_is_lossless(verifier):
+  """Chi-square of 3-token continuations at T = 1 against the exact target distribution,
+  with a draft vocabulary that leaves two of eight tokens out and a Markov head whose
+  distributions depend on the tokens drawn before."""
+  from tests.test_speculative import chi_square_pvalue, exact_continuations
+
+  target = testing.tiny_model(seed=21, vocab_size=8, n_layers=2, scale=0.3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=4, vocab_ids=[0, 1, 2, 4, 5, 7], seed=5)
+  engine = engine_for(target, dc, dp, trained_heads(cfg, dc), cache_size=16)
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(cfg, params, sampling)
+  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, gamma=3, verifier=verifier)
+  assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
+
+
+def test_dspark_specs():
+  target = testing.tiny_model(seed=3, n_layers=3)
+  drafter, params = registry.build_draft(
+    'dspark:random,block=3,rank=8', loader.LoadedModel(*target, None, 'tiny')
+  )
+  assert isinstance(drafter, DSparkDrafter) and params['heads']['w1'].shape == (64, 8)
+  assert 'untrained' in drafter.name and not np.any(params['heads']['w2'])
+  for spec, message in {
+    'dspark': 'expected dspark',
+    'dspark:random,rank=0': 'rank >= 1',
+    'dspark:random,rnk=2': "unknown option 'rnk'",
+    'dspark:/nowhere': 'no DFlash drafter at',
+  }.items():
+    with pytest.raises(ValueError, match=message):
+      registry.parse_draft(spec)
