@@ -9,10 +9,13 @@ import pytest
 
 from specjax import registry, testing
 from specjax.checkpoints import loader
+from specjax.control import scheduled
+from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.decode import loop
 from specjax.decode.engine import Engine
 from specjax.decode.prefill import prefill
+from specjax.drafters.dflash import DFlashDrafter
 from specjax.drafters.dspark import DSparkDrafter
 from specjax.models import dflash as dflash_model
 from specjax.models import dspark as dspark_model
@@ -25,7 +28,7 @@ def trained_heads(cfg, dc, rank=4, seed=7):
   heads = dspark_model.init_params(cfg.vocab_size, dc.draft_vocab, dc.d_model, rank, k1)
   heads['w1'] = heads['w1'] * 50.0  # normal(0, 1)
   heads['w2'] = np.asarray(jax.random.normal(k2, heads['w2'].shape))
-  heads['conf_w'] = np.asarray(jax.random.normal(k3, heads['conf_w'].shape))
+  heads['conf_w'] = np.asarray(jax.random.normal(k3, heads['conf_w'].shape)) * 0.5
   heads['conf_b'] = np.float32(0.5)
   return heads
 
@@ -42,38 +45,43 @@ def engine_for(target, dc, dp, heads, cache_size=128):
   )
 
 
-def test_the_chain_is_the_markov_heads_teacher_forced_distributions():
-  """Sampled at T = 1: each drawn position's q equals a teacher-forced pass of the heads
-  over the tokens drawn before it, and the confidences are its sigmoid, in (0, 1)."""
+def test_the_chain_is_the_markov_heads_distributions_over_the_drawn_tokens():
+  """Sampled at T = 1: each drawn position's q equals the Markov head over the token
+  drawn before it (all positions at once, given the draws), the first g positions are
+  the same for any gamma >= g, and the confidences are the sigmoid of the block's states,
+  in (0, 1) and the same whatever the key (nothing drawn is read)."""
   target = testing.tiny_model(seed=21, vocab_size=8, n_layers=3, scale=0.3)
   cfg, params = target
   dc, dp = make_drafter(target, block=5, vocab_ids=[0, 1, 2, 4, 5, 7], seed=1)
   heads = trained_heads(cfg, dc)
   drafter = DSparkDrafter(dc)
   method = loop.Method(gamma=4, verifier='rejection', drafter=drafter)
-  all_params = {'target': params, 'draft': {'block': dp, 'embed': params['embed'], 'heads': heads}}
+  draft_params = {'block': dp, 'embed': params['embed'], 'heads': heads}
   t1 = SamplingConfig(temperature=1.0)
   state = prefill(
-    all_params, jnp.asarray([PROMPTS[1], PROMPTS[3] + [0] * 6]) % 8,
+    {'target': params, 'draft': draft_params}, jnp.asarray([PROMPTS[1], PROMPTS[3] + [0] * 6]) % 8,
     jnp.asarray([len(PROMPTS[1]), len(PROMPTS[3])]), jnp.asarray([20, 20]), jax.random.key(0),
     cfg=cfg, method=method, sampling=t1, eos_id=-1, cache_size=64, out_len=24,
   )  # fmt: skip
-  key = jax.random.key(3)
-  tokens, q, _ = drafter.propose(all_params['draft'], state.spec.draft, state, key, 4, t1)
-  conf = drafter.confidences(all_params['draft'], state.spec.draft, state, key, 4, t1)
-  cache = drafter.context(all_params['draft'], state.spec.draft, state, 4)
+  ds, key = state.spec.draft, jax.random.key(3)
+  tokens, q, _ = drafter.propose(draft_params, ds, state, key, 4, t1)
+  shorter, _, _ = drafter.propose(draft_params, ds, state, key, 2, t1)
+  np.testing.assert_array_equal(shorter, tokens[:, :2])
+  cache = drafter.context(draft_params, ds, state, 4)
   states = dflash_model.block_states(dp, params['embed'], state.last_tokens, cache, dc, 4)
   base = dflash_model.head_logits(dp, states)
   previous = jnp.concatenate([state.last_tokens[:, None], tokens[:, :-1]], axis=1)
-  logits, conf_logits = dspark_model.teacher_forced(heads, base, states, previous)
+  logits = dspark_model.step(heads, base, previous)
   ids = np.asarray(dp['vocab_ids'])
   np.testing.assert_allclose(q[..., ids], jax.nn.softmax(logits, -1), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(conf, jax.nn.sigmoid(conf_logits), rtol=1e-5)
   assert float(q[..., [3, 6]].max()) == 0.0  # outside the draft vocabulary
-  assert np.all((np.asarray(conf) > 0) & (np.asarray(conf) < 1))
   # the Markov head matters: without it the drafted distributions differ
-  plain = jax.nn.softmax(base, -1)
-  assert float(jnp.abs(plain - jax.nn.softmax(logits, -1)).max()) > 0.05
+  assert float(jnp.abs(jax.nn.softmax(base, -1) - jax.nn.softmax(logits, -1)).max()) > 0.05
+  conf, after = drafter.confidences(draft_params, ds, state, 4)
+  want = 1 / (1 + np.exp(-(np.asarray(states) @ heads['conf_w'] + heads['conf_b'])))
+  np.testing.assert_allclose(conf, want, rtol=1e-5)
+  assert np.all((np.asarray(conf) > 0) & (np.asarray(conf) < 1))
+  np.testing.assert_array_equal(after.cache.lengths, cache.lengths)
 
 
 @pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])
@@ -119,3 +127,69 @@ def test_dspark_specs():
   }.items():
     with pytest.raises(ValueError, match=message):
       registry.parse_draft(spec)
+
+
+def test_expected_tokens_and_the_shared_choice():
+  conf = jnp.asarray([[0.9, 0.9, 0.9, 0.9], [0.1, 0.5, 0.5, 0.5]])
+  tokens = scheduled.expected_tokens(conf, (1, 2, 4))
+  np.testing.assert_allclose(
+    tokens[0], [1, 1.9, 1.9 + 0.81, 1.9 + 0.81 + 0.729 + 0.6561], rtol=1e-6
+  )
+  cfg = AdaptiveConfig(gammas=(1, 2, 4), draft_cost=(0.2, 0.2, 0.2), verify_cost=(1.1, 1.2, 1.4),
+                       schedule='confidence')  # fmt: skip
+  # costs 1.3, 1.4, 1.6 steps: the sure row alone runs gamma 4 (4.10 tokens / 1.6 = 2.56
+  # a step), the unsure one alone plain steps (gamma 1: 1.1 / 1.3 < 1); together the batch
+  # shares one width, and gamma 4 still does best (7.66 / 1.6 against 4 / 1 and 3.0 / 1.3)
+  assert int(scheduled.choose(cfg, conf, jnp.asarray([False, True]))) == 3
+  assert int(scheduled.choose(cfg, conf, jnp.asarray([True, False]))) == 0
+  assert int(scheduled.choose(cfg, conf, jnp.asarray([False, False]))) == 3
+  with pytest.raises(ValueError, match="'controller' or 'confidence'"):
+    AdaptiveConfig(schedule='sometimes')
+
+
+@pytest.mark.parametrize('verifier', ['greedy', 'rejection'])
+def test_confidence_scheduled_verification_is_the_target_greedy(verifier):
+  """Greedy identity with the arm chosen from the confidences every iteration; the
+  choices vary (plain steps and several chain lengths run) and, with every confidence
+  near 1, the longest chain runs throughout."""
+  target = testing.tiny_model(seed=3, n_layers=3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=5)
+  heads = trained_heads(cfg, dc)
+  engine = engine_for(target, dc, dp, heads)
+  reference = engine.generate(PROMPTS, 24).tokens
+  sched = AdaptiveConfig(gammas=(1, 2, 4), draft_cost=(0.3,) * 3, verify_cost=(1.1, 1.6, 2.6),
+                         schedule='confidence')  # fmt: skip
+  out = engine.generate(PROMPTS, 24, adaptive=sched, verifier=verifier)
+  assert out.tokens == reference
+  drafted = {d for row in out.drafted for d in row}
+  assert len(drafted) > 1, drafted  # the schedule moved between settings
+  sure = dict(heads, conf_b=np.float32(20.0), conf_w=np.zeros_like(heads['conf_w']))
+  out = engine_for(target, dc, dp, sure).generate(PROMPTS, 24, adaptive=sched, verifier=verifier)
+  assert out.tokens == reference
+  assert {d for row in out.drafted for d in row} == {4}
+
+
+def test_confidence_scheduled_sampling_is_lossless():
+  """Chi-square at T = 1 with the verification length chosen from the confidences (of
+  the block's states, never of the drawn tokens) and a reduced draft vocabulary."""
+  from tests.test_speculative import chi_square_pvalue, exact_continuations
+
+  target = testing.tiny_model(seed=21, vocab_size=8, n_layers=2, scale=0.3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=4, vocab_ids=[0, 1, 2, 4, 5, 7], seed=5)
+  engine = engine_for(target, dc, dp, trained_heads(cfg, dc), cache_size=16)
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(cfg, params, sampling)
+  sched = AdaptiveConfig(gammas=(1, 3), draft_cost=(0.3, 0.3), verify_cost=(1.05, 1.2),
+                         schedule='confidence')  # fmt: skip
+  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, adaptive=sched)
+  assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
+
+
+def test_a_confidence_schedule_needs_a_confidence_head():
+  target = testing.tiny_model(seed=3, n_layers=3)
+  dc, _ = make_drafter(target, block=5)
+  sched = AdaptiveConfig(gammas=(1, 2), schedule='confidence')
+  with pytest.raises(ValueError, match='needs a drafter with a confidence head'):
+    loop.Method(gamma=2, drafter=DFlashDrafter(dc), adaptive=sched)

@@ -100,6 +100,10 @@ class AdaptiveConfig:
   # (HumanEval, issue 27).
   probe_first: bool = True
   catch_up_cost: float = 0.0
+  # 'controller': the setting from the acceptance seen so far (this module); 'confidence':
+  # from the drafter's confidences for the proposal it is about to make (control/scheduled.py;
+  # drafters with a confidence head, chains only).
+  schedule: str = 'controller'
 
   def __post_init__(self):
     gammas = tuple(self.gammas)
@@ -153,6 +157,10 @@ class AdaptiveConfig:
       raise ValueError(f'adaptive explore_every must be >= 0, got {self.explore_every}')
     if self.catch_up_cost < 0:
       raise ValueError(f'adaptive catch_up_cost must be >= 0, got {self.catch_up_cost}')
+    if self.schedule not in ('controller', 'confidence'):
+      raise ValueError(f"adaptive schedule is 'controller' or 'confidence', got {self.schedule!r}")
+    if self.schedule == 'confidence' and trees:
+      raise ValueError('a confidence schedule chooses among chains: give no trees')
 
   @classmethod
   def from_costs(cls, costs, gammas=None, trees=(), **kwargs) -> AdaptiveConfig:
@@ -320,7 +328,11 @@ def _largest_tree(config: AdaptiveConfig) -> int:
 
 def choose(config: AdaptiveConfig, ctrl: ControlState) -> jax.Array:
   """The setting to run this iteration: the current choice, a probe when off for long (never
-  for a draft that cannot pay), or a tree probe when a chain has run for long."""
+  for a draft that cannot pay), or a tree probe when a chain has run for long. (A
+  confidence schedule decided it after the last iteration, from the drafter: see
+  loop._controlled.)"""
+  if config.schedule == 'confidence':
+    return ctrl.choice
   if config.probe_largest and config.gammas:
     probe = jnp.int32(len(config.gammas))
   else:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from specjax import registry
 from specjax.control import adaptive as adaptive_lib
+from specjax.control import scheduled as scheduled_lib
 from specjax.core import sampling as sampling_lib
 from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter
@@ -91,6 +92,12 @@ class Method:
         f'an adaptive method has gamma = its deepest setting {self.adaptive.depth}, '
         f'got {self.gamma}'
       )
+    if self.adaptive is not None and self.adaptive.schedule == 'confidence':
+      if not hasattr(self.drafter, 'confidences'):
+        raise ValueError(
+          f'a confidence schedule needs a drafter with a confidence head (dspark); '
+          f'{getattr(self.drafter, "name", self.drafter)} has none'
+        )
     registry.VERIFIERS.get(self.verifier)
 
   @property
@@ -384,9 +391,11 @@ def _fixed(spec: LoopSpec):
   return functools.partial(_every_iteration, spec=spec)
 
 
-def _controlled(params, state: DecodeState, *, run, arm: int, config) -> DecodeState:
+def _controlled(params, state: DecodeState, *, run, arm: int, spec: LoopSpec) -> DecodeState:
   """One iteration of adaptive arm `arm` (its fixed schedule `run`), then the
-  controller's update from what it recorded."""
+  controller's update from what it recorded; under a confidence schedule, the next
+  iteration's arm from the drafter's confidences (_scheduled)."""
+  config = spec.method.adaptive
   before = state.step
   state = run(params, state)
   last = jnp.maximum(state.step - 1, 0)
@@ -395,15 +404,26 @@ def _controlled(params, state: DecodeState, *, run, arm: int, config) -> DecodeS
   drafted = jnp.where(counted, ss.drafted[:, last], 0)
   stops = None if ss.stops is None else ss.stops[:, last]
   control = adaptive_lib.update(config, ss.control, arm, ss.accepted[:, last], drafted, stops)
-  return state.replace(spec=ss.replace(control=control))
+  state = state.replace(spec=ss.replace(control=control))
+  return _scheduled(params, state, spec) if config.schedule == 'confidence' else state
+
+
+def _scheduled(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
+  """Chooses the next iteration's arm from the drafter's confidences in the block it will
+  propose then (read before any token of it is drawn; its cache caught up here, which a
+  proposal would do anyway, so plain steps never leave it behind)."""
+  config, drafter = spec.method.adaptive, spec.method.drafter
+  conf, draft_state = drafter.confidences(params['draft'], state.spec.draft, state, config.depth)
+  choice = scheduled_lib.choose(config, conf, state.done)
+  control = state.spec.control.replace(choice=choice)
+  return state.replace(spec=state.spec.replace(draft=draft_state, control=control))
 
 
 def _arms(spec: LoopSpec) -> list:
   """Adaptive control's arms, by setting index: f(params, state) -> state, one iteration
   of that fixed setting and the controller's update."""
-  config = spec.method.adaptive
   return [
-    functools.partial(_controlled, run=_fixed(spec.with_method(arm)), arm=i, config=config)
+    functools.partial(_controlled, run=_fixed(spec.with_method(arm)), arm=i, spec=spec)
     for i, arm in enumerate(spec.method.arms)
   ]
 
@@ -432,6 +452,8 @@ def _adaptive(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
       s = segment(s, arm, run)
     return s
 
+  if config.schedule == 'confidence':  # the first iteration's arm too
+    state = _scheduled(params, state, spec)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
 
 

@@ -47,21 +47,18 @@ class DSparkDrafter(DFlashDrafter):
     return cache, dflash_model.head_logits(block, states), states
 
   def propose(self, params, draft_state: DFlashState, state, key, gamma, sampling):
-    cache, base, states = self._block(params, draft_state, state, gamma)
+    cache, base, _ = self._block(params, draft_state, state, gamma)
     ids = jnp.asarray(params['block']['vocab_ids'])
-    picks, q, _ = dspark_model.chain(
-      params['heads'], base, states, state.last_tokens, ids, key, sampling
-    )
+    picks, q = dspark_model.chain(params['heads'], base, state.last_tokens, ids, key, sampling)
     return ids[picks], to_full_vocab(q, ids, self.vocab_size), draft_state.replace(cache=cache)
 
-  def confidences(self, params, draft_state: DFlashState, state, key, gamma, sampling):
-    """Each of the first gamma drafted positions' survival probability [B, gamma] (given
-    the positions before it survived), for the proposal `propose` makes with this key."""
-    _, base, states = self._block(params, draft_state, state, gamma)
-    ids = jnp.asarray(params['block']['vocab_ids'])
-    return dspark_model.chain(params['heads'], base, states, state.last_tokens, ids, key, sampling)[
-      2
-    ]
+  def confidences(self, params, draft_state: DFlashState, state, gamma):
+    """(each of the first gamma block positions' survival probability [B, gamma], given
+    the positions before it survived; the draft state with its cache caught up, as a
+    proposal would leave it). From the block's states alone, before anything is drawn:
+    a verification length chosen from them keeps sampling lossless (models/dspark.py)."""
+    cache, _, states = self._block(params, draft_state, state, gamma)
+    return dspark_model.confidence(params['heads'], states), draft_state.replace(cache=cache)
 
 
 USAGE = (

@@ -18,12 +18,19 @@ every position's base logits b_i from its final state h_i. DSpark adds:
 * **A confidence head**: per position, the probability that the target accepts the
   drafted token given that it accepted the ones before,
 
-      c_i = sigmoid([h_i, e_i] . w + b)
+      c_i = sigmoid(h_i . w + b)
 
   and prod_{j <= i} c_j the probability that the first i drafted tokens all survive:
-  what confidence-scheduled verification reads to choose how many to verify.
+  what confidence-scheduled verification reads to choose how many to verify. It reads
+  the block's states only, not the tokens drawn (DeepSpec can add the previous token's
+  Markov embedding): the states come from the one forward before anything is drawn, so a
+  length chosen from them is independent of the draws, and verifying a chain whose length
+  was fixed before its tokens were drawn is lossless. A length chosen from confidences
+  that read the drawn tokens would favour some draws over others: the verified tokens
+  would no longer be distributed as their q, and rejection sampling would no longer
+  return the target's distribution.
 
-Parameters: {'w1': [V, r], 'w2': [r, K], 'conf_w': [D + r], 'conf_b': []}. Untrained,
+Parameters: {'w1': [V, r], 'w2': [r, K], 'conf_w': [D], 'conf_b': []}. Untrained,
 W2 = 0 (the Markov bias vanishes: the plain DFlash block) and the confidence is 1/2.
 """
 
@@ -40,7 +47,7 @@ def init_params(vocab_size: int, draft_vocab: int, d_model: int, rank: int, key)
   return {
     'w1': 0.02 * np.asarray(jax.random.normal(key, (vocab_size, rank)), np.float32),
     'w2': np.zeros((rank, draft_vocab), np.float32),
-    'conf_w': np.zeros((d_model + rank,), np.float32),
+    'conf_w': np.zeros((d_model,), np.float32),
     'conf_b': np.zeros((), np.float32),
   }
 
@@ -49,41 +56,37 @@ def shapes(vocab_size: int, draft_vocab: int, d_model: int, rank: int) -> dict:
   return {
     'w1': (vocab_size, rank),
     'w2': (rank, draft_vocab),
-    'conf_w': (d_model + rank,),
+    'conf_w': (d_model,),
     'conf_b': (),
   }
 
 
-def step(params, base: jax.Array, state: jax.Array, prev: jax.Array):
-  """One position: base logits [B, K], final state [B, D] and the previous token's target
-  id prev[B] -> (float32 logits [B, K], confidence logit [B])."""
-  e = jnp.take(params['w1'], prev, axis=0).astype(jnp.float32)  # [B, r]
-  logits = base + e @ params['w2'].astype(jnp.float32)
-  feats = jnp.concatenate([state.astype(jnp.float32), e], axis=-1)
-  return logits, feats @ params['conf_w'].astype(jnp.float32) + params['conf_b']
+def step(params, base: jax.Array, prev: jax.Array) -> jax.Array:
+  """Base logits [..., K] and the previous token's target id prev[...] -> the Markov
+  head's float32 logits [..., K]."""
+  e = jnp.take(params['w1'], prev, axis=0).astype(jnp.float32)  # [..., r]
+  return base + e @ params['w2'].astype(jnp.float32)
 
 
-def chain(params, base, states, anchor, vocab_ids, key, sampling: sampling_lib.SamplingConfig):
-  """Draws the block's positions in order: base logits [B, G, K] and states [B, G, D] of
-  its first G positions, anchor [B] (target ids), vocab_ids [K] -> (draft-vocabulary
-  indices [B, G], each position's distribution q [B, G, K] (as the sampler drew from it:
-  one-hot when greedy), confidences [B, G] in (0, 1))."""
-  keys = jax.random.split(key, base.shape[1])
+def confidence(params, states: jax.Array) -> jax.Array:
+  """Each position's survival probability [...] from its final state [..., D]."""
+  logit = states.astype(jnp.float32) @ params['conf_w'].astype(jnp.float32) + params['conf_b']
+  return jax.nn.sigmoid(logit)
+
+
+def chain(params, base, anchor, vocab_ids, key, sampling: sampling_lib.SamplingConfig):
+  """Draws the block's positions in order: base logits [B, G, K] of its first G
+  positions, anchor [B] (target ids), vocab_ids [K] -> (draft-vocabulary indices [B, G],
+  each position's distribution q [B, G, K] as the sampler drew from it: one-hot when
+  greedy)."""
+  # a key per position, folded in: a block's first g draws are the same for any length
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(base.shape[1]))
 
   def body(prev, xs):
-    b, h, k = xs
-    logits, conf = step(params, b, h, prev)
+    b, k = xs
+    logits = step(params, b, prev)
     token = sampling_lib.sample(logits, k, sampling)
-    q = sampling_lib.probabilities(logits, sampling)
-    return vocab_ids[token], (token, q, jax.nn.sigmoid(conf))
+    return vocab_ids[token], (token, sampling_lib.probabilities(logits, sampling))
 
-  xs = (jnp.moveaxis(base, 1, 0), jnp.moveaxis(states, 1, 0), keys)
-  _, (tokens, q, conf) = jax.lax.scan(body, anchor, xs)
-  return jnp.moveaxis(tokens, 0, 1), jnp.moveaxis(q, 0, 1), jnp.moveaxis(conf, 0, 1)
-
-
-def teacher_forced(params, base, states, previous):
-  """Training and checking: every position at once given the tokens before it
-  (previous [B, G] target ids: the anchor, then the drafted or true tokens) ->
-  (logits [B, G, K], confidence logits [B, G])."""
-  return step(params, base, states, previous)
+  _, (tokens, q) = jax.lax.scan(body, anchor, (jnp.moveaxis(base, 1, 0), keys))
+  return jnp.moveaxis(tokens, 0, 1), jnp.moveaxis(q, 0, 1)
