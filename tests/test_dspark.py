@@ -193,3 +193,19 @@ def test_a_confidence_schedule_needs_a_confidence_head():
   sched = AdaptiveConfig(gammas=(1, 2), schedule='confidence')
   with pytest.raises(ValueError, match='needs a drafter with a confidence head'):
     loop.Method(gamma=2, drafter=DFlashDrafter(dc), adaptive=sched)
+
+
+def test_a_scheduled_method_runs_through_the_harness(tmp_path):
+  """'<draft>@scheduled' from the config to the loop: costs measured, the adaptive config
+  built with the confidence schedule, greedy output the target's; a draft without a
+  confidence head is refused before any model loads."""
+  from specjax.harness import run_config, run_lib
+  from tests.test_run import tiny_config
+
+  config = tiny_config(num_prompts=2, drafts=('dspark:random',), methods='dspark:random@scheduled')
+  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  assert summary['methods']['dspark:random@scheduled']['greedy_mismatches'] == 0
+  method = run_config.parse_method('dspark:random@scheduled')
+  assert method.adaptive and method.schedule == 'confidence'
+  with pytest.raises(ValueError, match='needs a draft with a confidence head'):
+    run_config.parse_method('ngram@scheduled')

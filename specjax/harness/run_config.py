@@ -6,9 +6,10 @@ verifier and sampling setting, before any model loads or any cost is measured; e
 error is one line naming the field, the value and what was expected.
 
 Methods are named 'autoregressive', '<draft>@<gamma>' (a fixed draft length),
-'<draft>@adaptive' or '<draft>@<tree>' (a token tree: 'dynamic:16-6-4' or a static shape
-such as '4x2x1x1'; specjax/core/tree.py); `build_methods` expands config.drafts x
-(config.gammas, adaptive, config.trees).
+'<draft>@adaptive', '<draft>@scheduled' (adaptive, each iteration's length from the
+draft's confidence head: control/scheduled.py) or '<draft>@<tree>' (a token tree:
+'dynamic:16-6-4' or a static shape such as '4x2x1x1'; specjax/core/tree.py);
+`build_methods` expands config.drafts x (config.gammas, adaptive, config.trees).
 """
 
 from __future__ import annotations
@@ -298,6 +299,7 @@ class MethodName:
   gamma: int = 0
   adaptive: bool = False
   tree: str = ''
+  schedule: str = ''  # 'confidence' ('<draft>@scheduled'): adaptive, from the draft's confidences
 
   @property
   def tree_spec(self) -> tree_lib.TreeSpec | None:
@@ -313,13 +315,21 @@ def parse_method(text: str) -> MethodName:
     return AUTOREGRESSIVE
   draft, at, setting = text.rpartition('@')
   usage = (
-    f'expected "autoregressive", "<draft>@<gamma>", "<draft>@adaptive" or "<draft>@<tree>" '
+    f'expected "autoregressive", "<draft>@<gamma>", "<draft>@adaptive", "<draft>@scheduled" '
+    f'(drafts with a confidence head) or "<draft>@<tree>" '
     f'(a tree: {tree_lib.TREE_USAGE}), with a draft one of: {", ".join(registry.DRAFTS.names)}'
   )
   if not at or not draft:
     raise ValueError(f'unknown method {text!r}: {usage}')
   if setting == 'adaptive':
     return MethodName(text, draft, 0, True)
+  if setting == 'scheduled':
+    if registry.parse_draft(draft)[0] is not registry.DRAFTS.get('dspark'):
+      raise ValueError(
+        f'method {text!r}: a confidence-scheduled verification needs a draft with a '
+        'confidence head (dspark:...)'
+      )
+    return MethodName(text, draft, 0, True, schedule='confidence')
   if not setting.isdigit():
     try:
       tree_lib.parse_tree(setting)

@@ -725,8 +725,9 @@ def decide(plan: Plan, session: Session, known: dict[str, Costs] | None = None) 
     m.name: AdaptiveConfig.from_costs(
       costs[m.draft],
       config.adaptive_gammas,
-      trees=session.trees_of[m.name],
+      trees=() if m.schedule else session.trees_of[m.name],
       catch_up_cost=catch_up_cost(engines[m.draft].drafter, costs[m.draft]),
+      schedule=m.schedule or 'controller',
     )
     for m in methods
     if m.adaptive
