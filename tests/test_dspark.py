@@ -209,3 +209,43 @@ def test_a_scheduled_method_runs_through_the_harness(tmp_path):
   assert method.adaptive and method.schedule == 'confidence'
   with pytest.raises(ValueError, match='needs a draft with a confidence head'):
     run_config.parse_method('ngram@scheduled')
+
+
+@pytest.mark.parametrize('kind', ['dflash', 'dspark'])
+def test_trees_from_block_marginals_are_the_target_greedy(kind):
+  """Static and dynamic trees whose nodes at each depth come from the block's
+  distribution there (DSpark's shifted by each node's own token): greedy identity; a
+  tree deeper than the block is refused."""
+  from specjax.core import tree as tree_lib
+
+  target = testing.tiny_model(seed=3, n_layers=3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=5)
+  if kind == 'dflash':
+    engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=DFlashDrafter(dc),
+                    draft_params={'block': dp, 'embed': params['embed']})  # fmt: skip
+  else:
+    engine = engine_for(target, dc, dp, trained_heads(cfg, dc))
+  reference = engine.generate(PROMPTS, 24).tokens
+  for text in ('2x2x1', 'dynamic:8-3-3'):
+    out = engine.generate(PROMPTS, 24, tree=tree_lib.parse_tree(text))
+    assert out.tokens == reference, text
+  with pytest.raises(ValueError, match='trees of depth at most 4'):
+    engine.generate(PROMPTS, 8, tree=tree_lib.parse_tree('chain:5'))
+
+
+def test_dspark_tree_sampling_is_lossless():
+  """Chi-square at T = 1 with a static tree whose siblings are drawn without replacement
+  from each node's Markov-shifted block distribution, over a reduced draft vocabulary."""
+  from specjax.core import tree as tree_lib
+  from tests.test_speculative import chi_square_pvalue, exact_continuations
+
+  target = testing.tiny_model(seed=21, vocab_size=8, n_layers=2, scale=0.3)
+  cfg, params = target
+  dc, dp = make_drafter(target, block=4, vocab_ids=[0, 1, 2, 4, 5, 7], seed=5)
+  engine = engine_for(target, dc, dp, trained_heads(cfg, dc), cache_size=24)
+  sampling = SamplingConfig(temperature=1.0)
+  probs = exact_continuations(cfg, params, sampling)
+  spec = tree_lib.parse_tree('2x2x1')
+  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, tree=spec)
+  assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3

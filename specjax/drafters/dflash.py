@@ -37,6 +37,7 @@ from flax import struct
 from specjax.checkpoints import dflash as dflash_ckpt
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import Drafter, DraftKind
+from specjax.drafters import tree_build
 from specjax.drafters.eagle import to_full_vocab
 from specjax.models import dflash as dflash_model
 from specjax.models import llama, quant, sharding
@@ -152,6 +153,50 @@ class DFlashDrafter(Drafter):
     tokens = ids[sampling_lib.sample(logits, key, sampling)]
     q = to_full_vocab(sampling_lib.probabilities(logits, sampling), ids, self.vocab_size)
     return tokens, q, draft_state.replace(cache=cache)
+
+  def check_tree(self, spec) -> None:
+    tree_build.check_tree(self.name, spec)
+    if spec.max_depth > self.cfg.block_size - 1:
+      raise ValueError(
+        f'a {self.kind} drafter with blocks of {self.cfg.block_size} drafts trees of depth '
+        f'at most {self.cfg.block_size - 1}; this one is {spec.max_depth} deep'
+      )
+
+  def child_logits(self, params, logits: jax.Array, parents: jax.Array) -> jax.Array:
+    """Logits [B, W, K] of the children of tree nodes whose tokens are parents[B, W] (target
+    ids), from the block's logits at the children's depth [B, W, K]: the block's marginals
+    do not depend on the path, so every node at a depth gets the same."""
+    del params, parents
+    return logits
+
+  def propose_tree(self, params, draft_state: DFlashState, state, key, spec, sampling):
+    """A tree from the block's per-position distributions (DDTree-style): one block
+    forward; a node at depth d gets its children from position d + 1's distribution
+    (top tokens in order, or drawn without replacement when sampling a static shape:
+    drafters/tree_build.py), so the tree costs no draft forward per level."""
+    block = params['block']
+    depth = spec.max_depth
+    cache = self.context(params, draft_state, state, depth)
+    logits = dflash_model.block_logits(
+      block, params['embed'], state.last_tokens, cache, self.cfg, depth
+    )
+    base = cache.lengths
+    pad = jnp.pad(logits, ((0, 0), (0, 1), (0, 0)))  # (the deepest level has no children)
+
+    def feed(carry, tokens, parent_states, positions, slots, mask):
+      del slots, mask
+      at = jnp.take_along_axis(pad, (positions - base[:, None] + 1)[..., None], axis=1)
+      return self.child_logits(params, at, tokens), parent_states, carry
+
+    root = self.child_logits(params, logits[:, :1], state.last_tokens[:, None])[:, 0]
+    zero = jnp.zeros((logits.shape[0], 0), logits.dtype)
+    args = (feed, None, root, zero, base, cache.cache_size)
+    extra = {'ids': jnp.asarray(block['vocab_ids']), 'vocab': self.vocab_size}
+    if spec.shape is not None:
+      draft, _ = tree_build.static_tree(*args, spec.shape, key, sampling, **extra)
+    else:
+      draft, _ = tree_build.dynamic_tree(*args, spec, sampling, **extra)
+    return draft, draft_state.replace(cache=cache)
 
   def rollback(self, draft_state: DFlashState, state) -> DFlashState:
     # The cache holds committed positions only; a target that rolled back past them

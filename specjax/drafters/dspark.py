@@ -52,6 +52,11 @@ class DSparkDrafter(DFlashDrafter):
     picks, q = dspark_model.chain(params['heads'], base, state.last_tokens, ids, key, sampling)
     return ids[picks], to_full_vocab(q, ids, self.vocab_size), draft_state.replace(cache=cache)
 
+  def child_logits(self, params, logits, parents):
+    """The Markov head on a tree: a node's children are drawn from its depth's block
+    logits shifted by the node's own token."""
+    return dspark_model.step(params['heads'], logits, parents)
+
   def confidences(self, params, draft_state: DFlashState, state, gamma):
     """(each of the first gamma block positions' survival probability [B, gamma], given
     the positions before it survived; the draft state with its cache caught up, as a
