@@ -127,10 +127,12 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
     from specjax.drafters import ModelDrafter, truncated_target
     from specjax.drafters.consensus import ConsensusDrafter
     from specjax.drafters.dflash import DFlashDrafter
+    from specjax.drafters.dspark import DSparkDrafter
     from specjax.drafters.distilled import DistilledDrafter, init_from_target
     from specjax.drafters.eagle import EagleDrafter
     from specjax.drafters.ngram import NgramDrafter
     from specjax.models import dflash as dflash_model
+    from specjax.models import dspark as dspark_model
     from specjax.models import eagle as eagle_model
     from specjax.models import sharding
     assert jax.device_count() == 8, jax.devices()
@@ -154,11 +156,15 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
         return NgramDrafter(cfg.vocab_size), None
       if name == 'consensus':
         return ConsensusDrafter(cfg.vocab_size, group=2, k=2), None
-      if name == 'dflash':
+      if name in ('dflash', 'dspark'):
         ids = np.arange(0, cfg.vocab_size, 2)
         dc = dflash_model.DFlashConfig.for_target(cfg, len(ids), block_size=4)
         dp = dflash_model.init_params(dc, jax.random.key(0), ids, params)
-        return DFlashDrafter(dc), {'block': dp, 'embed': params['embed']}
+        if name == 'dflash':
+          return DFlashDrafter(dc), {'block': dp, 'embed': params['embed']}
+        heads = dspark_model.init_params(cfg.vocab_size, len(ids), 32, 4, jax.random.key(1))
+        heads['w1'], heads['w2'] = heads['w1'] * 50, np.ones_like(heads['w2']) * 0.3
+        return DSparkDrafter(dc), {'block': dp, 'embed': params['embed'], 'heads': heads}
       ids = np.arange(0, cfg.vocab_size, 2)
       hc = eagle_model.EagleConfig.for_target(cfg, len(ids))
       hp = eagle_model.init_params(hc, jax.random.key(0), ids, params)
@@ -207,8 +213,12 @@ def run_drafters(*names):
 @pytest.mark.slow
 @pytest.mark.parametrize(
   'names',
-  [('draft model', 'distilled'), ('layer skip', 'lookup', 'consensus', 'eagle'), ('dflash',)],
-  ids=['models', 'self-lookup-consensus-eagle', 'dflash'],
+  [
+    ('draft model', 'distilled'),
+    ('layer skip', 'lookup', 'consensus', 'eagle'),
+    ('dflash', 'dspark'),
+  ],
+  ids=['models', 'self-lookup-consensus-eagle', 'dflash-dspark'],
 )
 def test_every_drafter_decodes_sharded_as_on_one_device(names):
   """On a (data=4, model=2) mesh, every drafter kind: greedy speculative decoding equals
@@ -220,7 +230,7 @@ def test_every_drafter_decodes_sharded_as_on_one_device(names):
     assert all(run == out['plain'] for run in out[name]['greedy']), name
     for sharded, single in out[name]['sampled']:
       assert sharded == single, name
-    if name in ('draft model', 'distilled', 'layer skip', 'eagle', 'dflash'):
+    if name in ('draft model', 'distilled', 'layer skip', 'eagle', 'dflash', 'dspark'):
       assert out[name]['draft_split'] > 0, name  # not all replicated
 
 

@@ -63,6 +63,7 @@ DFLASH_RULES: tuple[tuple[str, P], ...] = (
   (r'^block/layers/\d+/w_(gate|up)$', P(None, 'model')),
   (r'^block/layers/\d+/w_down$', P('model', None)),
   (r'^block/head$', P(None, 'model')),
+  (r'^heads/w2$', P(None, 'model')),  # DSpark's Markov bias over the draft vocabulary
 )
 
 CACHE_SPEC = P('data', 'model', None, None)  # KV buffers [B, G, S, H]: rows, kv heads
