@@ -123,7 +123,7 @@ def test_dspark_specs():
     'dspark': 'expected dspark',
     'dspark:random,rank=0': 'rank >= 1',
     'dspark:random,rnk=2': "unknown option 'rnk'",
-    'dspark:/nowhere': 'no DFlash drafter at',
+    'dspark:/nowhere': 'no DSpark drafter at',
   }.items():
     with pytest.raises(ValueError, match=message):
       registry.parse_draft(spec)

@@ -152,17 +152,23 @@ def hf_config(cfg: DFlashConfig, info: dict | None = None) -> dict:
   }
 
 
-def save(directory, cfg: DFlashConfig, params, info: dict | None = None) -> None:
-  """Writes config.json and model.safetensors (DFlash layout) to `directory`."""
+def save(
+  directory, cfg: DFlashConfig, params, info: dict | None = None, extra=None, config_extra=None
+) -> None:
+  """Writes config.json and model.safetensors (DFlash layout) to `directory`; `extra`
+  tensors (name -> array, written as given) and `config_extra` keys join them (the DSpark
+  heads, specjax/checkpoints/dspark.py)."""
   import safetensors.numpy
 
   check_params(cfg, params, 'DFlash drafter')
   d = pathlib.Path(directory)
   d.mkdir(parents=True, exist_ok=True)
   tmp = d / (WEIGHTS_FILE + '.tmp')
-  safetensors.numpy.save_file(to_tensors(params), str(tmp), metadata={'format': 'pt'})
+  tensors = {**to_tensors(params), **(extra or {})}
+  safetensors.numpy.save_file(tensors, str(tmp), metadata={'format': 'pt'})
   os.replace(tmp, d / WEIGHTS_FILE)
-  (d / CONFIG_FILE).write_text(json.dumps(hf_config(cfg, info), indent=2) + '\n')
+  config = {**hf_config(cfg, info), **(config_extra or {})}
+  (d / CONFIG_FILE).write_text(json.dumps(config, indent=2) + '\n')
 
 
 def config_from_dict(c: dict, file: pathlib.Path) -> DFlashConfig:
@@ -189,8 +195,9 @@ def config_from_dict(c: dict, file: pathlib.Path) -> DFlashConfig:
   )
 
 
-def load(directory) -> tuple[DFlashConfig, dict, dict]:
-  """(cfg, float32 drafter params, the `specjax` info) of a drafter saved in DFlash layout."""
+def read(directory) -> tuple[dict, DFlashConfig, dict[str, np.ndarray]]:
+  """(the parsed config.json, its DFlashConfig, every tensor as stored) of a drafter saved
+  in DFlash layout; raises ValueError for anything else (an engine export included)."""
   import safetensors.numpy
 
   d = pathlib.Path(directory)
@@ -209,7 +216,15 @@ def load(directory) -> tuple[DFlashConfig, dict, dict]:
     cfg = config_from_dict(c, d / CONFIG_FILE)
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None
-  params = from_tensors(safetensors.numpy.load_file(str(d / WEIGHTS_FILE)), cfg, str(d))
+  return c, cfg, safetensors.numpy.load_file(str(d / WEIGHTS_FILE))
+
+
+def load(directory) -> tuple[DFlashConfig, dict, dict]:
+  """(cfg, float32 drafter params, the `specjax` info) of a drafter saved in DFlash layout
+  (tensors it does not know, such as DSpark's heads, are left out)."""
+  d = pathlib.Path(directory)
+  c, cfg, tensors = read(d)
+  params = from_tensors(tensors, cfg, str(d))
   check_params(cfg, params, str(d / WEIGHTS_FILE))
   info = dict(c.get('specjax') or {})
   info.pop('capture', None)

@@ -264,9 +264,15 @@ def _build(settings, target, dtype):
   else:
     cfg, block, _ = dflash_ckpt.load(settings)
     name = f'DFlash block drafter (blocks of {cfg.block_size}, target layers {list(cfg.capture)})'
+  return DFlashDrafter(cfg, name=name), draft_params(cfg, block, settings, target, dtype)
+
+
+def draft_params(cfg: DFlashConfig, block, source, target, dtype) -> dict:
+  """{'block', 'embed'} for `target` of a block drafter's float32 params (checked against
+  the target's vocabulary, width and layers; cast to the target's dtype)."""
   if cfg.vocab_size != target.cfg.vocab_size or cfg.d_model != target.cfg.d_model:
     raise ValueError(
-      f'DFlash drafter {settings} was made for a target with vocabulary {cfg.vocab_size} '
+      f'DFlash drafter {source} was made for a target with vocabulary {cfg.vocab_size} '
       f'and width {cfg.d_model}; {target.source!r} has {target.cfg.vocab_size} and '
       f'{target.cfg.d_model}'
     )
@@ -274,7 +280,7 @@ def _build(settings, target, dtype):
   embed = target.params['embed']
   dt = jnp.dtype(dtype) if quant.is_block(embed) else np.asarray(embed).dtype
   block = jax.tree.map(lambda a: a if a.dtype == np.int32 else np.asarray(a, dt), block)
-  return DFlashDrafter(cfg, name=name), {'block': block, 'embed': embed}
+  return {'block': block, 'embed': embed}
 
 
 DFLASH = DraftKind(usage=USAGE, parse=_parse, build=_build)

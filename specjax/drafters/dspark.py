@@ -9,7 +9,8 @@ features, catch-up, rollback, sharding) is the DFlash drafter's.
 
 Draft specs: `dspark:random[,block=B,layers=N,seed=S,rank=R]` (untrained: its Markov bias
 starts at zero, so it drafts as the DFlash block it extends) or `dspark:DIR` (a DFlash
-checkpoint whose config.json carries `markov_rank`, with the heads' tensors).
+checkpoint whose config.json carries `markov_rank`, with the heads' tensors in DeepSpec's
+names: specjax/checkpoints/dspark.py; the trainer's kind 'dspark' writes one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.checkpoints import dflash as dflash_ckpt
+from specjax.checkpoints import dspark as dspark_ckpt
 from specjax.core.contract import DraftKind
 from specjax.drafters import dflash as dflash_drafter
 from specjax.drafters.dflash import DFlashDrafter, DFlashState
@@ -82,8 +83,12 @@ def _parse(spec):
   if len(spec.args) > 1 or (spec.args and spec.args[0] != 'random' and spec.options):
     raise spec.error(USAGE)
   if spec.args and spec.args[0] != 'random':
-    if not dflash_ckpt.is_dflash_dir(spec.args[0]):
-      raise ValueError(f'draft {spec.text!r}: no DFlash drafter at {spec.args[0]}')
+    if not dspark_ckpt.is_dspark_dir(spec.args[0]):
+      raise ValueError(
+        f'draft {spec.text!r}: no DSpark drafter at {spec.args[0]} (a DFlash checkpoint '
+        'whose config.json carries markov_rank, with the heads; a plain DFlash one loads '
+        'as dflash:DIR)'
+      )
     return spec.args[0]
   if not spec.args:
     raise spec.error(USAGE)
@@ -94,8 +99,13 @@ def _parse(spec):
 
 
 def _build(settings, target, dtype):
-  if not isinstance(settings, Settings):
-    raise ValueError(f'draft dspark:{settings}: loading DSpark heads is not written yet')
+  if not isinstance(settings, Settings):  # a directory
+    cfg, block, heads, _ = dspark_ckpt.load(settings)
+    params = dflash_drafter.draft_params(cfg, block, settings, target, dtype)
+    rank = heads['w1'].shape[1]
+    name = f'DSpark block drafter (blocks of {cfg.block_size}, rank {rank}, target layers '
+    name += f'{list(cfg.capture)})'
+    return DSparkDrafter(cfg, name=name), {**params, 'heads': heads}
   drafter, params = dflash_drafter.DFLASH.build(settings, target, dtype)
   cfg = drafter.cfg
   key = jax.random.fold_in(jax.random.key(settings.seed), 1)

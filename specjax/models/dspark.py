@@ -61,6 +61,21 @@ def shapes(vocab_size: int, draft_vocab: int, d_model: int, rank: int) -> dict:
   }
 
 
+def check_params(cfg, params, source: str) -> None:
+  """Raises ValueError naming the first head tensor whose shape disagrees with the block
+  drafter's `cfg` (models/dflash.DFlashConfig; the rank is W1's)."""
+  if 'w1' not in params or len(params['w1'].shape) != 2:
+    raise ValueError(f'{source}: missing or malformed Markov tensor w1')
+  want = shapes(cfg.vocab_size, cfg.draft_vocab, cfg.d_model, params['w1'].shape[1])
+  for name, shape in want.items():
+    if name not in params:
+      raise ValueError(f'{source}: missing tensor {name}')
+    if tuple(params[name].shape) != shape:
+      raise ValueError(
+        f'{source}: tensor {name} has shape {tuple(params[name].shape)}, expected {shape}'
+      )
+
+
 def step(params, base: jax.Array, prev: jax.Array) -> jax.Array:
   """Base logits [..., K] and the previous token's target id prev[...] -> the Markov
   head's float32 logits [..., K]."""
@@ -70,8 +85,12 @@ def step(params, base: jax.Array, prev: jax.Array) -> jax.Array:
 
 def confidence(params, states: jax.Array) -> jax.Array:
   """Each position's survival probability [...] from its final state [..., D]."""
-  logit = states.astype(jnp.float32) @ params['conf_w'].astype(jnp.float32) + params['conf_b']
-  return jax.nn.sigmoid(logit)
+  return jax.nn.sigmoid(confidence_logit(params, states))
+
+
+def confidence_logit(params, states: jax.Array) -> jax.Array:
+  """The confidence's logit [...] (what a cross-entropy reads)."""
+  return states.astype(jnp.float32) @ params['conf_w'].astype(jnp.float32) + params['conf_b']
 
 
 def chain(params, base, anchor, vocab_ids, key, sampling: sampling_lib.SamplingConfig):
