@@ -2,14 +2,16 @@ r"""Entry point: python -m specjax.train_draft --config configs/<name>.py --work
 
 Trains a draft for the config's target (specjax.train.trainer): `config.kind` 'distilled'
 (configs/distill_smollm2.py, a reduced-vocabulary draft model), 'eagle'
-(configs/eagle_smollm2.py, an EAGLE-3-style feature head) or 'dflash'
-(configs/dflash_smollm2.py, a DFlash-style block drafter). Running it again with the same
-workdir resumes from the latest checkpoint.
+(configs/eagle_smollm2.py, an EAGLE-3-style feature head), 'dflash'
+(configs/dflash_smollm2.py, a DFlash-style block drafter) or 'dspark'
+(configs/dspark_smollm2.py, the block drafter with DSpark's Markov and confidence heads).
+Running it again with the same workdir resumes from the latest checkpoint.
 
 Examples:
   python -m specjax.train_draft --config configs/distill_smollm2.py:tiny --workdir /tmp/tiny
   python -m specjax.train_draft --config configs/eagle_smollm2.py --workdir runs/eagle
   python -m specjax.train_draft --config configs/dflash_smollm2.py --workdir runs/dflash
+  python -m specjax.train_draft --config configs/dspark_smollm2.py --workdir runs/dspark
 """
 
 from absl import flags, logging

@@ -57,11 +57,17 @@ def block_logits_at(params, embed, features, tokens, anchors, cfg: DFlashConfig)
   """Logits [B, N, T - 1, K] of the blocks at anchors[B, N] of sequences tokens[B, S] with
   target features[B, S, C * D]: block n of row b is what the drafter proposes after the
   context tokens[b, :a] (features known) and the anchor tokens[b, a], a = anchors[b, n]."""
+  states = block_states_at(params, embed, features, tokens, anchors, cfg)
+  return dflash_model.head_logits(params, states)
+
+
+def block_states_at(params, embed, features, tokens, anchors, cfg: DFlashConfig) -> jax.Array:
+  """block_logits_at's final states [B, N, T - 1, D], before the output head."""
   cache = context_cache(params, features, cfg)
 
   def one(anchor):  # [B] positions
     token = jnp.take_along_axis(tokens, anchor[:, None], axis=1)[:, 0]
-    return dflash_model.block_logits(params, embed, token, cache.with_lengths(anchor), cfg)
+    return dflash_model.block_states(params, embed, token, cache.with_lengths(anchor), cfg)
 
   return jax.vmap(one, in_axes=1, out_axes=1)(anchors)
 
@@ -163,7 +169,7 @@ def evaluate(eval_step, params, frozen, dataset, batch_size: int, stride: int, t
   greedy, accept = [], []
   for start in range(0, len(dataset), batch_size):
     rows = np.arange(start, min(start + batch_size, len(dataset)))
-    batch = {**_device(dataset.batch(rows)), 'target_top': jnp.asarray(top[rows])}
+    batch = {**device_batch(dataset.batch(rows)), 'target_top': jnp.asarray(top[rows])}
     at = jnp.broadcast_to(jnp.asarray(anchors), (len(rows), len(anchors)))
     g, a = eval_step(params, frozen, batch, at)
     greedy.append(np.asarray(g))
@@ -197,7 +203,8 @@ def summarize(greedy, accept, valid, source) -> dict:
   return out
 
 
-def _device(batch):
+def device_batch(batch):
+  """The arrays of a FeatureSet batch on the device (its `source` left on the host)."""
   return {k: jnp.asarray(v) for k, v in batch.items() if k != 'source'}
 
 
@@ -251,7 +258,7 @@ def task(config, progress=print) -> Task:
 
   def batch(step):
     idx = data_lib.batch_indices(len(s.train_data), config.batch_size, step, config.seed)
-    return _device(s.train_data.batch(np.sort(idx)))
+    return device_batch(s.train_data.batch(np.sort(idx)))
 
   def save(workdir, params, steps, evals):
     block = {**jax.tree.map(np.asarray, params), 'vocab_ids': np.asarray(s.frozen['vocab_ids'])}

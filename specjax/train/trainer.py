@@ -37,7 +37,7 @@ from specjax import registry
 from specjax.checkpoints import draft_dir
 from specjax.drafters import distilled
 from specjax.train import data as data_lib
-from specjax.train import dflash_block, eagle_head
+from specjax.train import dflash_block, dspark_heads, eagle_head
 from specjax.train.task import Task, make_optimizer, optimizer_step
 
 log = logging.getLogger(__name__)
@@ -356,14 +356,19 @@ def _log_train(metrics_log, bar, metrics: dict, step: int, rate: float, tokens: 
 
 
 # Kinds of trainable draft (config.kind) -> config -> Task.
-TASKS = {'distilled': distill_task, 'eagle': eagle_head.task, 'dflash': dflash_block.task}
+TASKS = {
+  'distilled': distill_task,
+  'eagle': eagle_head.task,
+  'dflash': dflash_block.task,
+  'dspark': dspark_heads.task,
+}
 
 
 def train(config, workdir: str | os.PathLike, progress_bar: bool = True) -> dict:
   """Trains (or resumes) a draft per `config` in `workdir`; returns the final evaluation.
 
-  `config.kind` picks the draft: 'distilled' (default), 'eagle' (a feature head) or
-  'dflash' (a block drafter).
+  `config.kind` picks the draft: 'distilled' (default), 'eagle' (a feature head),
+  'dflash' (a block drafter) or 'dspark' (a block drafter with DSpark's heads).
   """
   check_config(config)
   workdir = pathlib.Path(workdir).absolute()
