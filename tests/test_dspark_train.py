@@ -207,6 +207,19 @@ def test_heads_round_trip_in_deepspecs_names(tmp_path):
     np.testing.assert_array_equal(got[name], np.asarray(heads[name], np.float32), err_msg=name)
   np.testing.assert_array_equal(block['vocab_ids'], dflash_ckpt.load(tmp_path)[1]['vocab_ids'])
   assert registry.parse_draft(f'dspark:{tmp_path}')
+  # Hugging Face shards (how the shipped drafter stays under the repository's file size)
+  sharded = tmp_path / 'sharded'
+  dspark_ckpt.save(sharded, dc, dp, heads, {'steps': 3}, shard_bytes=4096)
+  files = sorted(f.name for f in sharded.glob('*.safetensors'))
+  assert len(files) > 2 and 'model.safetensors' not in files
+  index = json.loads((sharded / 'model.safetensors.index.json').read_text())
+  assert sorted(set(index['weight_map'].values())) == files
+  assert all((sharded / f).stat().st_size <= 4096 + 2048 for f in files)  # header aside
+  again = dspark_ckpt.load(sharded)
+  jax.tree.map(np.testing.assert_array_equal, again[1:3], (block, got))
+  (sharded / files[-1]).unlink()  # a shard gone: not a drafter, said so
+  with pytest.raises(ValueError, match='no DSpark drafter at'):
+    registry.parse_draft(f'dspark:{sharded}')
   plain = tmp_path / 'plain'
   dflash_ckpt.save(plain, dc, dp)
   with pytest.raises(ValueError, match='no DSpark drafter at .*loads as dflash:DIR'):
@@ -227,14 +240,31 @@ def run(tmp_path_factory):
   config = dspark_smollm2.get_config(f'tiny,steps={STEPS}')
   config.eval_every = 4
   workdir = tmp_path_factory.mktemp('dspark')
+  cache = tmp_path_factory.mktemp('cache')
   with pytest.MonkeyPatch.context() as mp:
-    mp.setenv('SPECJAX_CACHE', str(tmp_path_factory.mktemp('cache')))
+    mp.setenv('SPECJAX_CACHE', str(cache))
     result = trainer.train(config, workdir, progress_bar=False)
-  return workdir, result
+  return workdir, result, cache
+
+
+def test_heads_alone_learn_on_a_trained_block_that_stays_as_it_was(run, tmp_path, monkeypatch):
+  from configs import dspark_smollm2
+
+  start = run[0] / 'drafter'
+  monkeypatch.setenv('SPECJAX_CACHE', str(run[2]))  # the run's labelled features
+  with pytest.raises(ValueError, match='freeze_block needs drafter.init_from'):
+    trainer.train(dspark_smollm2.get_config('tiny,steps=2,freeze_block=True'), tmp_path)
+  config = dspark_smollm2.get_config(f'tiny,steps=3,init_from={start},freeze_block=True')
+  config.eval_every = 3
+  trainer.train(config, tmp_path, progress_bar=False)
+  _, block, heads, _ = dspark_ckpt.load(start)
+  _, block2, heads2, _ = dspark_ckpt.load(tmp_path / 'drafter')
+  jax.tree.map(np.testing.assert_array_equal, block2, block)
+  assert any(np.any(heads2[n] != heads[n]) for n in heads)
 
 
 def test_a_run_reports_calibration_and_saves_a_drafter_that_decodes_losslessly(run):
-  workdir, result = run
+  workdir, result, _ = run
   records = [json.loads(x) for x in (workdir / 'metrics.jsonl').read_text().splitlines()]
   evals = [r for r in records if r['kind'] == 'eval']
   assert evals[-1]['step'] == STEPS and result['step'] == STEPS

@@ -43,6 +43,7 @@ from specjax.models.dflash import DFlashConfig, check_params
 
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
+INDEX_FILE = 'model.safetensors.index.json'  # Hugging Face's sharded layout
 ARCHITECTURE = 'DFlashDraftModel'
 
 # specjax layer tensor -> its DFlash name under layers.{i}. (matrices transposed)
@@ -69,9 +70,57 @@ TOP_NAMES = {
 }
 
 
+def weight_files(directory) -> list[pathlib.Path]:
+  """model.safetensors, or the shards its index (model.safetensors.index.json) names;
+  [] when neither is there."""
+  d = pathlib.Path(directory)
+  if (d / WEIGHTS_FILE).is_file():
+    return [d / WEIGHTS_FILE]
+  if not (d / INDEX_FILE).is_file():
+    return []
+  try:
+    shards = sorted(set(json.loads((d / INDEX_FILE).read_text())['weight_map'].values()))
+  except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError):
+    return []
+  return [d / f for f in shards] if all((d / f).is_file() for f in shards) else []
+
+
+def write_weights(directory, tensors: dict, shard_bytes: int = 0) -> None:
+  """Writes `tensors` as model.safetensors, or with shard_bytes > 0 as Hugging Face
+  shards of at most shard_bytes each (a larger tensor gets one alone) and their index;
+  each file lands whole (written aside, then renamed), the index last."""
+  import safetensors.numpy
+
+  d = pathlib.Path(directory)
+  groups, size = [[]], 0
+  for name, a in tensors.items():
+    if shard_bytes and groups[-1] and size + a.nbytes > shard_bytes:
+      groups.append([])
+      size = 0
+    groups[-1].append(name)
+    size += a.nbytes
+  names = [WEIGHTS_FILE] if not shard_bytes else [
+    f'model-{i + 1:05d}-of-{len(groups):05d}.safetensors' for i in range(len(groups))
+  ]  # fmt: skip
+  for file, group in zip(names, groups):
+    tmp = d / (file + '.tmp')
+    safetensors.numpy.save_file({n: tensors[n] for n in group}, str(tmp), metadata={'format': 'pt'})
+    os.replace(tmp, d / file)
+  stale = [INDEX_FILE] if not shard_bytes else [WEIGHTS_FILE]
+  for f in stale:
+    (d / f).unlink(missing_ok=True)
+  if shard_bytes:
+    index = {
+      'metadata': {'total_size': int(sum(a.nbytes for a in tensors.values()))},
+      'weight_map': {n: f for f, group in zip(names, groups) for n in group},
+    }
+    (d / (INDEX_FILE + '.tmp')).write_text(json.dumps(index, indent=2) + '\n')
+    os.replace(d / (INDEX_FILE + '.tmp'), d / INDEX_FILE)
+
+
 def is_dflash_dir(path) -> bool:
   p = pathlib.Path(path)
-  if not (p / CONFIG_FILE).is_file() or not (p / WEIGHTS_FILE).is_file():
+  if not (p / CONFIG_FILE).is_file() or not weight_files(p):
     return False
   try:
     return 'dflash_config' in json.loads((p / CONFIG_FILE).read_text())
@@ -153,20 +202,21 @@ def hf_config(cfg: DFlashConfig, info: dict | None = None) -> dict:
 
 
 def save(
-  directory, cfg: DFlashConfig, params, info: dict | None = None, extra=None, config_extra=None
+  directory,
+  cfg: DFlashConfig,
+  params,
+  info: dict | None = None,
+  extra=None,
+  config_extra=None,
+  shard_bytes: int = 0,
 ) -> None:
-  """Writes config.json and model.safetensors (DFlash layout) to `directory`; `extra`
-  tensors (name -> array, written as given) and `config_extra` keys join them (the DSpark
-  heads, specjax/checkpoints/dspark.py)."""
-  import safetensors.numpy
-
+  """Writes config.json and model.safetensors (DFlash layout; Hugging Face shards of at
+  most shard_bytes when > 0) to `directory`; `extra` tensors (name -> array, written as
+  given) and `config_extra` keys join them (the DSpark heads, checkpoints/dspark.py)."""
   check_params(cfg, params, 'DFlash drafter')
   d = pathlib.Path(directory)
   d.mkdir(parents=True, exist_ok=True)
-  tmp = d / (WEIGHTS_FILE + '.tmp')
-  tensors = {**to_tensors(params), **(extra or {})}
-  safetensors.numpy.save_file(tensors, str(tmp), metadata={'format': 'pt'})
-  os.replace(tmp, d / WEIGHTS_FILE)
+  write_weights(d, {**to_tensors(params), **(extra or {})}, shard_bytes)
   config = {**hf_config(cfg, info), **(config_extra or {})}
   (d / CONFIG_FILE).write_text(json.dumps(config, indent=2) + '\n')
 
@@ -203,7 +253,8 @@ def read(directory) -> tuple[dict, DFlashConfig, dict[str, np.ndarray]]:
   d = pathlib.Path(directory)
   if not is_dflash_dir(d):
     raise ValueError(
-      f'{d}: not a DFlash drafter (needs {CONFIG_FILE} with dflash_config and {WEIGHTS_FILE})'
+      f'{d}: not a DFlash drafter (needs {CONFIG_FILE} with dflash_config and {WEIGHTS_FILE} '
+      f'or {INDEX_FILE} and its shards)'
     )
   c = json.loads((d / CONFIG_FILE).read_text())
   engine = c['specjax'].get('exported_for') if isinstance(c.get('specjax'), dict) else None
@@ -216,7 +267,10 @@ def read(directory) -> tuple[dict, DFlashConfig, dict[str, np.ndarray]]:
     cfg = config_from_dict(c, d / CONFIG_FILE)
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None
-  return c, cfg, safetensors.numpy.load_file(str(d / WEIGHTS_FILE))
+  tensors = {}
+  for file in weight_files(d):
+    tensors.update(safetensors.numpy.load_file(str(file)))
+  return c, cfg, tensors
 
 
 def load(directory) -> tuple[DFlashConfig, dict, dict]:

@@ -62,10 +62,15 @@ def config_keys(heads) -> dict:
   }
 
 
-def save(directory, cfg: DFlashConfig, block, heads, info: dict | None = None) -> None:
-  """Writes the block (DFlash layout, block['vocab_ids'] included) and the heads."""
+def save(
+  directory, cfg: DFlashConfig, block, heads, info: dict | None = None, shard_bytes: int = 0
+) -> None:
+  """Writes the block (DFlash layout, block['vocab_ids'] included) and the heads (in
+  Hugging Face shards of at most shard_bytes when > 0)."""
   dspark_model.check_params(cfg, heads, 'DSpark heads')
-  dflash_ckpt.save(directory, cfg, block, info, head_tensors(heads), config_keys(heads))
+  dflash_ckpt.save(
+    directory, cfg, block, info, head_tensors(heads), config_keys(heads), shard_bytes
+  )
 
 
 def heads_from(c: dict, tensors, cfg: DFlashConfig, source: str) -> dict:

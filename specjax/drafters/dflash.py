@@ -18,10 +18,12 @@ positions' (those committed since the last proposal) from the ring, then runs th
 forward, which leaves the cache as it was; so the cache only ever holds committed
 positions and rollback has nothing to undo.
 
-Draft specs: `dflash` (the drafter shipped for the target when specjax has one; until
-then an untrained one, named so), `dflash:random[,block=B,layers=N,seed=S]` (untrained,
-for tests and as a training start) or `dflash:DIR` (a drafter in DFlash's checkpoint
-layout, specjax/checkpoints/dflash.py).
+Draft specs: `dflash` (the drafter shipped for SmolLM2-135M-Instruct,
+specjax/drafts/smollm2-135m-instruct-dflash, whose DSpark heads `dspark` adds; an
+untrained one, named so, where that directory is missing),
+`dflash:random[,block=B,layers=N,seed=S]` (untrained, for tests and as a training
+start) or `dflash:DIR` (a drafter in DFlash's checkpoint layout,
+specjax/checkpoints/dflash.py).
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ confidence head says how likely each drafted token is to survive verification
 (`confidences`: what scheduled verification reads). Everything else (the ring of target
 features, catch-up, rollback, sharding) is the DFlash drafter's.
 
-Draft specs: `dspark:random[,block=B,layers=N,seed=S,rank=R]` (untrained: its Markov bias
-starts at zero, so it drafts as the DFlash block it extends) or `dspark:DIR` (a DFlash
-checkpoint whose config.json carries `markov_rank`, with the heads' tensors in DeepSpec's
-names: specjax/checkpoints/dspark.py; the trainer's kind 'dspark' writes one).
+Draft specs: `dspark` (the drafter shipped for SmolLM2-135M-Instruct: the DFlash block
+`dflash` loads, with heads trained on it), `dspark:random[,block=B,layers=N,seed=S,rank=R]`
+(untrained: its Markov bias starts at zero, so it drafts as the DFlash block it
+extends) or `dspark:DIR` (a DFlash checkpoint whose config.json carries `markov_rank`,
+with the heads' tensors in DeepSpec's names: specjax/checkpoints/dspark.py; the
+trainer's kind 'dspark' writes one).
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ class DSparkDrafter(DFlashDrafter):
     return dspark_model.confidence(params['heads'], states), draft_state.replace(cache=cache)
 
 
+# The shipped block drafter carries DSpark's heads: `dflash` reads its block, `dspark` all.
+SHIPPED = dflash_drafter.SHIPPED
 USAGE = (
+  'dspark (the drafter shipped for SmolLM2-135M-Instruct), '
   'dspark:random[,block=B,layers=N,seed=S,rank=R] (untrained) or dspark:<directory> (a '
   'DFlash checkpoint with DSpark heads)'
 )
@@ -91,7 +96,9 @@ def _parse(spec):
       )
     return spec.args[0]
   if not spec.args:
-    raise spec.error(USAGE)
+    if spec.options or not dspark_ckpt.is_dspark_dir(SHIPPED):
+      raise spec.error(USAGE)
+    return SHIPPED
   settings = Settings(**spec.option_dict(OPTIONS, USAGE))
   if settings.block < 2 or settings.layers < 1 or settings.rank < 1:
     raise ValueError(f'draft {spec.text!r}: needs block >= 2, layers >= 1, rank >= 1')

@@ -78,9 +78,15 @@ def confidence_labels(draft_top, target_top, data_next, valid):
   return hit, valid & before
 
 
+def with_block(params, frozen):
+  """params with the block: its own, or frozen['block'] when only the heads train."""
+  return params if 'block' in params else {**params, 'block': frozen['block']}
+
+
 def heads_forward(params, frozen, batch, anchors, cfg: DFlashConfig):
   """What loss and evaluation share at anchors[B, N]: (Markov logits, states, label
   positions, valid, confidence labels, counted)."""
+  params = with_block(params, frozen)
   pos, valid = dflash_block.label_positions(anchors, batch['mask'], cfg.block_size)
   prev, data_next = around(batch['tokens'], pos)
   logits, states = markov_logits_at(
@@ -133,7 +139,7 @@ def make_eval_step(cfg: DFlashConfig):
     logits, states, pos, _, label, counted = heads_forward(params, frozen, batch, anchors, cfg)
     q = jax.nn.softmax(logits, -1)
     accept = jnp.sum(jnp.minimum(dflash_block.teacher_at(frozen, batch, pos)[0], q), -1)
-    conf = dspark_model.confidence(params['heads'], states)
+    conf = dspark_model.confidence(params['heads'], states)  # heads: never frozen
     return label.astype(jnp.float32), accept, conf, counted
 
   return step
@@ -202,10 +208,15 @@ def task(config, progress=print) -> Task:
   s = dflash_block.setup(config, progress)
   heads = jax.tree.map(jnp.asarray, initial_heads(config, s.cfg))
   params = {'block': s.init_params, 'heads': heads}
+  frozen = s.frozen
+  if config.drafter.get('freeze_block'):  # the heads learn on a trained block that stays
+    if not config.drafter.get('init_from'):
+      raise ValueError('drafter.freeze_block needs drafter.init_from (a trained block)')
+    params, frozen = {'heads': heads}, {**s.frozen, 'block': s.init_params}
   optimizer = make_optimizer(config)
   progress('the target argmax at every training position (the confidence labels)')
-  train_top = dflash_block.target_argmax(s.frozen, s.train_data, config.eval_batch)
-  eval_top = dflash_block.target_argmax(s.frozen, s.eval_data, config.eval_batch)
+  train_top = dflash_block.target_argmax(frozen, s.train_data, config.eval_batch)
+  eval_top = dflash_block.target_argmax(frozen, s.eval_data, config.eval_batch)
   eval_step = make_eval_step(s.cfg)
 
   def batch(step):
@@ -214,8 +225,8 @@ def task(config, progress=print) -> Task:
     return {**b, 'target_top': jnp.asarray(train_top[idx])}
 
   def save(workdir, params, steps, evals):
-    p = jax.tree.map(np.asarray, params)
-    block = {**p['block'], 'vocab_ids': np.asarray(s.frozen['vocab_ids'])}
+    p = jax.tree.map(np.asarray, with_block(params, frozen))
+    block = {**p['block'], 'vocab_ids': np.asarray(frozen['vocab_ids'])}
     info = {
       'target': s.target.source,
       'steps': steps,
@@ -238,7 +249,7 @@ def task(config, progress=print) -> Task:
   return Task(
     describe=describe,
     init_params=params,
-    frozen=s.frozen,
+    frozen=frozen,
     train_step=make_train_step(
       s.cfg, optimizer, config.anchors, config.loss_decay, config.divergence, config.conf_weight
     ),
@@ -246,7 +257,7 @@ def task(config, progress=print) -> Task:
     evaluate=lambda params: evaluate(
       eval_step,
       params,
-      s.frozen,
+      frozen,
       s.eval_data,
       config.eval_batch,
       config.eval_stride,
