@@ -410,3 +410,26 @@ def test_dflash_refusals_are_one_line(dflash_dirs, tmp_path, capsys, monkeypatch
   with pytest.raises(ValueError, match='an export for vllm'):
     run(capsys, '--draft', reduced, '--engine', 'vllm', '--out', tmp_path / 'v')
     dflash_ckpt.load(tmp_path / 'v')
+
+
+def test_a_dspark_drafter_in_shards_exports_its_block_and_says_the_heads_stay(
+  dflash_dirs, tmp_path, capsys
+):
+  from specjax.checkpoints import dspark as dspark_ckpt
+  from specjax.models import dspark as dspark_model
+
+  dc, block, _ = dflash_ckpt.load(dflash_dirs[0])
+  heads = dspark_model.init_params(dc.vocab_size, dc.draft_vocab, dc.d_model, 4, jax.random.key(1))
+  src = tmp_path / 'dspark'
+  dspark_ckpt.save(src, dc, block, heads, {'note': 'test'}, shard_bytes=1 << 14)
+  assert not (src / 'model.safetensors').exists()
+  outs = {}
+  for name, draft in (('plain', dflash_dirs[0]), ('dspark', src)):
+    outs[name] = tmp_path / f'vllm_{name}'
+    rc, text, err = run(capsys, '--draft', draft, '--engine', 'vllm', '--out', outs[name])
+    assert rc == 0 and not err, err
+    assert ('DSpark heads' in text) == (name == 'dspark'), text
+  a, b = (safetensors.numpy.load_file(str(o / 'model.safetensors')) for o in outs.values())
+  assert set(a) == set(b)
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)

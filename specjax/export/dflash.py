@@ -37,6 +37,10 @@ SGLang (--speculative-algorithm DFLASH --speculative-draft-model-path OUT):
   mask embedding is one of the target's embedding rows; the export checks both against
   --target and refuses otherwise.
 
+A DSpark drafter (a DFlash directory with DeepSpec's head tensors, checkpoints/dspark.py)
+exports its block: neither engine's loader has a DSpark model, so the Markov and confidence
+heads stay behind (the CLI says so) and the block drafts there as DFlash.
+
 Both: the anchor's embedding is not scaled (a drafter for a Gemma target is refused), and
 neither captures the stream entering layer 0 (refused). `read` turns an export back into
 specjax's tree.

@@ -75,6 +75,7 @@ import shutil
 import sys
 
 from specjax.checkpoints import dflash as dflash_ckpt
+from specjax.checkpoints import dspark as dspark_ckpt
 from specjax.checkpoints import draft_dir, eagle3
 from specjax.export import dflash as dflash_export
 
@@ -99,6 +100,13 @@ HF_EAGLE3 = (
 HF_DFLASH = (
   "a DFlash drafter reads the target's hidden states, and transformers has no DFlash loader "
   "(z-lab's model is remote code from the Hub): use --engine vllm|sglang"
+)
+
+
+DSPARK_HEADS = (
+  "its DSpark heads (markov_head.*, confidence_head.*) stay behind: neither vLLM's nor "
+  "SGLang's loaders have a DSpark model, so the block drafts there as plain DFlash (no "
+  "Markov bias, no confidence schedule); specjax runs the whole drafter as dspark:DIR"
 )
 
 
@@ -370,4 +378,6 @@ def main(argv=None) -> int:
   uses_target = kind == 'distilled' or (kind == 'dflash' and args.engine == 'sglang')
   target = args.target or (DEFAULT_TARGET if uses_target else None)
   print(describe(kind, args.engine, args.out, target))
+  if kind == 'dflash' and dspark_ckpt.is_dspark_dir(args.draft):
+    print(DSPARK_HEADS)
   return 0
