@@ -75,8 +75,8 @@ import shutil
 import sys
 
 from specjax.checkpoints import dflash as dflash_ckpt
-from specjax.checkpoints import dspark as dspark_ckpt
 from specjax.checkpoints import draft_dir, eagle3
+from specjax.checkpoints import dspark as dspark_ckpt
 from specjax.export import dflash as dflash_export
 
 ENGINES = ('vllm', 'sglang', 'hf')
@@ -106,7 +106,7 @@ HF_DFLASH = (
 DSPARK_HEADS = (
   "its DSpark heads (markov_head.*, confidence_head.*) stay behind: neither vLLM's nor "
   "SGLang's loaders have a DSpark model, so the block drafts there as plain DFlash (no "
-  "Markov bias, no confidence schedule); specjax runs the whole drafter as dspark:DIR"
+  'Markov bias, no confidence schedule); specjax runs the whole drafter as dspark:DIR'
 )
 
 
