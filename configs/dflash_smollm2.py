@@ -20,31 +20,14 @@ same captured layers, so one labelling serves both; specjax/train/feature_data.p
 objective is DFlash's block loss (specjax/train/dflash_block.py).
 """
 
+import pathlib
+
 import ml_collections
 
 from specjax import config_lib
 
-
-def _data(tiny: bool) -> ml_collections.ConfigDict:
-  """configs/eagle_smollm2.py's data, field for field (its cached features are reused)."""
-  d = ml_collections.ConfigDict()
-  d.name = 'tiny' if tiny else 'smollm2'
-  d.seed = 0
-  d.num_prompts = 24 if tiny else 1536
-  d.eval_prompts = 4 if tiny else 32
-  d.max_prompt_tokens = 48 if tiny else 128
-  d.max_new_tokens = 24 if tiny else 192
-  d.generate_batch = 8 if tiny else 32
-  d.seq_len = 80 if tiny else 320
-  d.code_files = 4 if tiny else 400
-  d.max_file_chars = 4000 if tiny else 40000
-  d.code_chunks = 12 if tiny else 600
-  d.doc_chunks = 6 if tiny else 150
-  d.max_doc_chars = 20000 if tiny else 600000
-  d.eval_chunks = 2 if tiny else 8
-  d.label_batch = 8
-  d.cache_dir = ''  # default: specjax.data.assets.cache_dir() (SPECJAX_CACHE)
-  return d
+# Its `data` is the EAGLE head's, field for field (their cached features are reused).
+EAGLE = pathlib.Path(__file__).with_name('eagle_smollm2.py')
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -58,7 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.dtype = 'float32'  # the target's, for generation and features
   c.seed = 0
   c.divergence = 'forward_kl'  # to the target's distribution (specjax.train.divergences)
-  c.data = _data(tiny)
+  c.data = config_lib.load_config(EAGLE, 'tiny' if tiny else None).data
 
   c.drafter = ml_collections.ConfigDict()
   # The EAGLE head's layers (its feature data); DFlash's own spread would be (2, 15, 28).
@@ -72,14 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.loss_decay = 7.0 if c.drafter.block_size > 8 else 4.0  # DFlash's gamma
   c.eval_stride = 1 if tiny else 4  # held-aside blocks start every eval_stride positions
 
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 3e-3 if tiny else 6e-4
-  c.optim.warmup_steps = 3 if tiny else 40
-  c.optim.end_lr_fraction = 0.1
-  c.optim.weight_decay = 0.0
-  c.optim.clip_norm = 1.0
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.95
+  c.optim = config_lib.optim(3e-3 if tiny else 6e-4, 3 if tiny else 40, clip_norm=1.0)
 
   c.batch_size = 4 if tiny else 8
   c.num_steps = args.steps or (24 if tiny else 1200)

@@ -50,14 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.draft.ffn_dim = 0  # 0: the target's
   c.draft.vocab_size = 64 if tiny else 8192
 
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 3e-3 if tiny else 8e-4
-  c.optim.warmup_steps = 3 if tiny else 30
-  c.optim.end_lr_fraction = 0.1
-  c.optim.weight_decay = 0.01
-  c.optim.clip_norm = 1.0
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.98
+  c.optim = config_lib.optim(
+    3e-3 if tiny else 8e-4, 3 if tiny else 30, clip_norm=1.0, weight_decay=0.01, b2=0.98
+  )
 
   c.batch_size = 4 if tiny else 16
   c.num_steps = args.steps or (24 if tiny else 260)

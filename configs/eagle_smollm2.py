@@ -66,14 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.step_decay = 0.8  # loss weight of unrolled step k is step_decay ** k
   c.keep = 0 if tiny else 96  # positions per sequence the output head learns at (0: all)
 
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 3e-3 if tiny else 1e-3
-  c.optim.warmup_steps = 3 if tiny else 40
-  c.optim.end_lr_fraction = 0.1
-  c.optim.weight_decay = 0.0
-  c.optim.clip_norm = 0.5
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.95
+  c.optim = config_lib.optim(3e-3 if tiny else 1e-3, 3 if tiny else 40, clip_norm=0.5)
 
   c.batch_size = 4 if tiny else 8
   c.num_steps = args.steps or (24 if tiny else 1200)

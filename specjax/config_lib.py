@@ -58,6 +58,22 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def optim(
+  lr: float, warmup_steps: int, clip_norm: float, weight_decay: float = 0.0, b2: float = 0.95
+) -> ml_collections.ConfigDict:
+  """A training config's `optim` (specjax.train.task.make_optimizer): gradient clipping to
+  clip_norm, then AdamW (b1 0.9) with linear warm-up to lr and cosine decay to lr / 10."""
+  o = ml_collections.ConfigDict()
+  o.lr = lr
+  o.warmup_steps = warmup_steps
+  o.end_lr_fraction = 0.1
+  o.weight_decay = weight_decay
+  o.clip_norm = clip_norm
+  o.b1 = 0.9
+  o.b2 = b2
+  return o
+
+
 def check(condition: bool, field: str, value, expected: str) -> None:
   """Raises ValueError('config.<field> = <value>: expected <expected>') unless condition."""
   if not condition:

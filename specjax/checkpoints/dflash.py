@@ -38,8 +38,9 @@ import pathlib
 import ml_dtypes
 import numpy as np
 
-from specjax.checkpoints import eagle3, hf
-from specjax.models.dflash import DFlashConfig, check_params
+from specjax.checkpoints import eagle3
+from specjax.models.dflash import DFlashConfig
+from specjax.models.eagle import check_params
 
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
@@ -139,8 +140,7 @@ def to_tensors(params) -> dict[str, np.ndarray]:
   for i, layer in enumerate(params['layers']):
     for key, name in LAYER_NAMES.items():
       out[f'layers.{i}.{name}'] = _bf16(layer[key])
-  ids = np.asarray(params['vocab_ids'], np.int64)
-  out['d2t'] = ids - np.arange(len(ids), dtype=np.int64)
+  out['d2t'] = eagle3.d2t_of(params['vocab_ids'])
   return out
 
 
@@ -161,11 +161,9 @@ def from_tensors(tensors, cfg: DFlashConfig, source: str) -> dict:
     {key: f32(f'layers.{i}.{name}') for key, name in LAYER_NAMES.items()}
     for i in range(cfg.n_layers)
   ]
-  d2t = np.asarray(tensors['d2t'], np.int64)
-  ids = d2t + np.arange(len(d2t))
-  if len(ids) and (ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0)):
+  params['vocab_ids'] = eagle3.vocab_ids_of(tensors['d2t'], cfg.vocab_size)
+  if params['vocab_ids'] is None:
     raise ValueError(f'{source}: d2t does not map the draft vocabulary to distinct target ids')
-  params['vocab_ids'] = ids.astype(np.int32)
   return params
 
 
@@ -173,22 +171,10 @@ def hf_config(cfg: DFlashConfig, info: dict | None = None) -> dict:
   return {
     'architectures': [ARCHITECTURE],
     'model_type': 'qwen3',
-    'hidden_size': cfg.d_model,
-    'target_hidden_size': cfg.d_model,
-    'intermediate_size': cfg.ffn_dim,
-    'num_attention_heads': cfg.n_heads,
-    'num_key_value_heads': cfg.n_kv_heads,
-    'head_dim': cfg.head_dim,
-    'num_hidden_layers': cfg.n_layers,
-    'hidden_act': 'silu',
+    **eagle3.shape_entries(cfg, cfg.n_layers),
     'attention_bias': False,
     'is_causal': False,
-    'rms_norm_eps': cfg.norm_eps,
-    'rope_theta': cfg.rope_base,
-    'rope_scaling': eagle3.rope_scaling_dict(cfg.rope_scaling),
-    'max_position_embeddings': 8192,
-    'vocab_size': cfg.vocab_size,
-    'draft_vocab_size': cfg.draft_vocab,
+    **eagle3.vocab_entries(cfg),
     'block_size': cfg.block_size,
     'tie_word_embeddings': False,
     'torch_dtype': 'bfloat16',
@@ -228,19 +214,11 @@ def config_from_dict(c: dict, file: pathlib.Path) -> DFlashConfig:
   extra = c.get('specjax') if isinstance(c.get('specjax'), dict) else {}
   capture = extra.get('capture') or [int(i) + 1 for i in dc['target_layer_ids']]
   return DFlashConfig(
-    vocab_size=int(c['vocab_size']),
-    draft_vocab=int(c.get('draft_vocab_size') or c['vocab_size']),
-    d_model=int(c['hidden_size']),
-    n_heads=int(c['num_attention_heads']),
-    n_kv_heads=int(c['num_key_value_heads']),
-    head_dim=int(c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']),
-    ffn_dim=int(c['intermediate_size']),
+    **eagle3.shape_fields(c, draft_vocab_optional=True),
     capture=tuple(int(i) for i in capture),
     n_layers=int(c['num_hidden_layers']),
     block_size=int(dc.get('block_size', c.get('block_size', 16))),
-    rope_base=float(c.get('rope_theta', 10000.0)),
-    norm_eps=float(c.get('rms_norm_eps', 1e-6)),
-    rope_scaling=hf.parse_rope(c.get('rope_scaling'), 0.0, file, 'rope_scaling')[1],
+    **eagle3.rope_fields(c, file, norm_eps=1e-6),
     embed_scale=float(dc.get('input_embedding_scale', 1.0)),
   )
 

@@ -41,7 +41,7 @@ import ml_dtypes
 import numpy as np
 
 from specjax.checkpoints import hf
-from specjax.models.eagle import EagleConfig, check_params
+from specjax.models.eagle import EagleConfig, FeatureConfig, check_params
 
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
@@ -82,9 +82,24 @@ def to_tensors(params) -> dict[str, np.ndarray]:
     out[target] = bf16(a.T if a.ndim == 2 else a)
   out['norm.weight'] = bf16(params['norm'])
   out['lm_head.weight'] = bf16(np.asarray(params['head']).T)
-  ids = np.asarray(params['vocab_ids'], np.int64)
-  out['d2t'] = ids - np.arange(len(ids), dtype=np.int64)
+  out['d2t'] = d2t_of(params['vocab_ids'])
   return out
+
+
+def d2t_of(vocab_ids) -> np.ndarray:
+  """d2t [K] int64 (target id - draft id) of the draft vocabulary's target ids."""
+  ids = np.asarray(vocab_ids, np.int64)
+  return ids - np.arange(len(ids), dtype=np.int64)
+
+
+def vocab_ids_of(d2t, vocab_size: int) -> np.ndarray | None:
+  """The draft vocabulary's target ids [K] int32 of a d2t tensor; None unless they are
+  distinct target ids in order."""
+  d2t = np.asarray(d2t, np.int64)
+  ids = d2t + np.arange(len(d2t))
+  if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size or np.any(np.diff(ids) <= 0)):
+    return None
+  return ids.astype(np.int32)
 
 
 def from_tensors(tensors, vocab_size: int) -> dict:
@@ -94,16 +109,15 @@ def from_tensors(tensors, vocab_size: int) -> dict:
   for name, source in LAYER_NAMES.items():
     a = f32(source)
     layer[name] = np.ascontiguousarray(a.T if a.ndim == 2 else a)
-  d2t = np.asarray(tensors['d2t'], np.int64)
-  ids = d2t + np.arange(len(d2t))
-  if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size or np.any(np.diff(ids) <= 0)):
+  ids = vocab_ids_of(tensors['d2t'], vocab_size)
+  if ids is None:
     raise ValueError('d2t does not map the draft vocabulary to distinct target ids in order')
   return {
     'fc': np.ascontiguousarray(f32('fc.weight').T),
     'layer': layer,
     'norm': f32('norm.weight'),
     'head': np.ascontiguousarray(f32('lm_head.weight').T),
-    'vocab_ids': ids.astype(np.int32),
+    'vocab_ids': ids,
   }
 
 
@@ -119,24 +133,67 @@ def rope_scaling_dict(scaling: tuple) -> dict | None:
   return out
 
 
-def hf_config(cfg: EagleConfig, info: dict | None = None) -> dict:
+def shape_entries(cfg: FeatureConfig, n_layers: int) -> dict:
+  """config.json's entries of a feature drafter's shape (a head's or a block drafter's)."""
   return {
-    'architectures': [ARCHITECTURE],
-    'model_type': 'llama',
     'hidden_size': cfg.d_model,
     'target_hidden_size': cfg.d_model,
     'intermediate_size': cfg.ffn_dim,
     'num_attention_heads': cfg.n_heads,
     'num_key_value_heads': cfg.n_kv_heads,
     'head_dim': cfg.head_dim,
-    'num_hidden_layers': 1,
+    'num_hidden_layers': n_layers,
     'hidden_act': 'silu',
+  }
+
+
+def vocab_entries(cfg: FeatureConfig) -> dict:
+  """config.json's entries of a feature drafter's norm, RoPE and vocabularies."""
+  return {
     'rms_norm_eps': cfg.norm_eps,
     'rope_theta': cfg.rope_base,
     'rope_scaling': rope_scaling_dict(cfg.rope_scaling),
     'max_position_embeddings': 8192,
     'vocab_size': cfg.vocab_size,
     'draft_vocab_size': cfg.draft_vocab,
+  }
+
+
+def shape_fields(c: dict, draft_vocab_optional: bool = False) -> dict:
+  """FeatureConfig's fields but `capture` from a parsed config.json (draft_vocab_size
+  missing or 0: the target's vocabulary, where optional); raises KeyError/TypeError/
+  ValueError when malformed."""
+  return {
+    'vocab_size': int(c['vocab_size']),
+    'draft_vocab': int(
+      (c.get('draft_vocab_size') or c['vocab_size'])
+      if draft_vocab_optional
+      else c['draft_vocab_size']
+    ),
+    'd_model': int(c['hidden_size']),
+    'n_heads': int(c['num_attention_heads']),
+    'n_kv_heads': int(c['num_key_value_heads']),
+    'head_dim': int(c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']),
+    'ffn_dim': int(c['intermediate_size']),
+  }
+
+
+def rope_fields(c: dict, file, norm_eps: float) -> dict:
+  """A drafter config's rope_base, norm_eps (default `norm_eps`) and rope_scaling from a
+  parsed config.json (`file`, for errors)."""
+  return {
+    'rope_base': float(c.get('rope_theta', 10000.0)),
+    'norm_eps': float(c.get('rms_norm_eps', norm_eps)),
+    'rope_scaling': hf.parse_rope(c.get('rope_scaling'), 0.0, file, 'rope_scaling')[1],
+  }
+
+
+def hf_config(cfg: EagleConfig, info: dict | None = None) -> dict:
+  return {
+    'architectures': [ARCHITECTURE],
+    'model_type': 'llama',
+    **shape_entries(cfg, 1),
+    **vocab_entries(cfg),
     'tie_word_embeddings': False,
     'torch_dtype': 'bfloat16',
     'eagle_aux_hidden_state_layer_ids': list(cfg.capture),
@@ -180,17 +237,7 @@ def load(directory) -> tuple[EagleConfig, dict, dict]:
     if isinstance(c.get('specjax'), dict) and c['specjax'].get('exported_for') == 'sglang':
       capture = tuple(i + SGLANG_SHIFT for i in capture)
     cfg = EagleConfig(
-      vocab_size=int(c['vocab_size']),
-      draft_vocab=int(c['draft_vocab_size']),
-      d_model=int(c['hidden_size']),
-      n_heads=int(c['num_attention_heads']),
-      n_kv_heads=int(c['num_key_value_heads']),
-      head_dim=int(c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']),
-      ffn_dim=int(c['intermediate_size']),
-      capture=capture,
-      rope_base=float(c.get('rope_theta', 10000.0)),
-      norm_eps=float(c.get('rms_norm_eps', 1e-5)),
-      rope_scaling=hf.parse_rope(c.get('rope_scaling'), 0.0, d / CONFIG_FILE, 'rope_scaling')[1],
+      **shape_fields(c), capture=capture, **rope_fields(c, d / CONFIG_FILE, norm_eps=1e-5)
     )
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{d / CONFIG_FILE}: bad or missing field ({e!r})') from None

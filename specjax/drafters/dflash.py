@@ -38,11 +38,11 @@ from flax import struct
 
 from specjax.checkpoints import dflash as dflash_ckpt
 from specjax.core import sampling as sampling_lib
-from specjax.core.contract import Drafter, DraftKind
+from specjax.core.contract import DraftKind
 from specjax.drafters import tree_build
-from specjax.drafters.eagle import to_full_vocab
+from specjax.drafters.eagle import FeatureDrafter, check_target, committed_length, to_full_vocab
 from specjax.models import dflash as dflash_model
-from specjax.models import llama, quant, sharding
+from specjax.models import quant, sharding
 from specjax.models.dflash import DFlashConfig
 from specjax.models.kv_cache import KVCache
 
@@ -55,13 +55,8 @@ class DFlashState:
   ring: jax.Array  # [B, W, C * D] committed features; position p at slot p % W
 
 
-def committed_length(state) -> jax.Array:
-  """[B] the target cache's length: the positions whose features the target computed."""
-  return state.prompt_lens + state.num_generated - 1
-
-
 @dataclasses.dataclass(frozen=True)
-class DFlashDrafter(Drafter):
+class DFlashDrafter(FeatureDrafter):
   """Drafts with a block drafter `cfg`; params {'block': ..., 'embed': target [V, D]}.
 
   `ring` is how many committed positions of features it keeps (0: the block size, enough
@@ -74,14 +69,6 @@ class DFlashDrafter(Drafter):
   ring: int = 0
   resync: int = 0
   kind = 'DFlash'  # (a class constant: what errors call it)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.cfg.vocab_size
-
-  @property
-  def feature_layers(self) -> tuple[int, ...]:
-    return self.cfg.capture
 
   @property
   def partition_rules(self):
@@ -108,17 +95,6 @@ class DFlashDrafter(Drafter):
     cache = dflash_model.absorb(block, cache, features, positions, valid, self.cfg)
     ring = jnp.zeros((b, self.ring_size, features.shape[-1]), features.dtype)
     return DFlashState(cache=cache.with_lengths(prompt_lens), ring=ring)
-
-  def absorb(self, draft_state: DFlashState, features, start, state) -> DFlashState:
-    """Keeps features[B, T, C*D] of positions start + t that are now committed."""
-    b, t, _ = features.shape
-    w = draft_state.ring.shape[1]
-    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)
-    slots = jnp.where(positions < committed_length(state)[:, None], positions % w, w)
-    ring = draft_state.ring.at[jnp.arange(b)[:, None], slots].set(
-      features.astype(draft_state.ring.dtype), mode='drop'
-    )
-    return draft_state.replace(ring=ring)
 
   def _catch_up(self, block, draft_state: DFlashState, state, width: int) -> KVCache:
     """Writes the pending positions (among the last `width` before the target's length)
@@ -272,13 +248,7 @@ def _build(settings, target, dtype):
 def draft_params(cfg: DFlashConfig, block, source, target, dtype) -> dict:
   """{'block', 'embed'} for `target` of a block drafter's float32 params (checked against
   the target's vocabulary, width and layers; cast to the target's dtype)."""
-  if cfg.vocab_size != target.cfg.vocab_size or cfg.d_model != target.cfg.d_model:
-    raise ValueError(
-      f'DFlash drafter {source} was made for a target with vocabulary {cfg.vocab_size} '
-      f'and width {cfg.d_model}; {target.source!r} has {target.cfg.vocab_size} and '
-      f'{target.cfg.d_model}'
-    )
-  llama.check_capture(target.cfg, cfg.capture)
+  check_target(f'DFlash drafter {source}', cfg, target)
   embed = target.params['embed']
   dt = jnp.dtype(dtype) if quant.is_block(embed) else np.asarray(embed).dtype
   block = jax.tree.map(lambda a: a if a.dtype == np.int32 else np.asarray(a, dt), block)

@@ -51,8 +51,49 @@ def to_full_vocab(values, vocab_ids, vocab_size: int):
   return out.at[..., vocab_ids].set(values)
 
 
+def committed_length(state) -> jax.Array:
+  """[B] the target cache's length: the positions whose features the target computed."""
+  return state.prompt_lens + state.num_generated - 1
+
+
+class FeatureDrafter(Drafter):
+  """What the feature drafters share (EagleDrafter, drafters/dflash.DFlashDrafter): a
+  shape `cfg` (models/eagle.FeatureConfig) and, in the draft state, a `ring` [B, W, C * D]
+  of committed positions' features (position p at slot p % W), which `absorb` fills."""
+
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    return self.cfg.capture
+
+  def absorb(self, draft_state, features, start, state):
+    """Keeps features[B, T, C*D] of positions start + t that are now committed."""
+    b, t, _ = features.shape
+    w = draft_state.ring.shape[1]
+    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)
+    slots = jnp.where(positions < committed_length(state)[:, None], positions % w, w)
+    ring = draft_state.ring.at[jnp.arange(b)[:, None], slots].set(
+      features.astype(draft_state.ring.dtype), mode='drop'
+    )  # the others dropped
+    return draft_state.replace(ring=ring)
+
+
+def check_target(what: str, cfg, target) -> None:
+  """Raises ValueError unless the feature drafter `what` (shape cfg) was made for a target
+  with `target`'s vocabulary and width, and reads layers it has."""
+  if cfg.vocab_size != target.cfg.vocab_size or cfg.d_model != target.cfg.d_model:
+    raise ValueError(
+      f'{what} was made for a target with vocabulary {cfg.vocab_size} and width '
+      f'{cfg.d_model}; {target.source!r} has {target.cfg.vocab_size} and {target.cfg.d_model}'
+    )
+  llama.check_capture(target.cfg, cfg.capture)
+
+
 @dataclasses.dataclass(frozen=True)
-class EagleDrafter(Drafter):
+class EagleDrafter(FeatureDrafter):
   """Drafts with a feature head `cfg`; params {'head': ..., 'embed': target [V, D]}.
 
   `ring` is how many committed positions of features it keeps (at least gamma + 1);
@@ -64,14 +105,6 @@ class EagleDrafter(Drafter):
   name: str = 'EAGLE-3 feature head'
   ring: int = 16
   resync: int = 0
-
-  @property
-  def vocab_size(self) -> int:
-    return self.cfg.vocab_size
-
-  @property
-  def feature_layers(self) -> tuple[int, ...]:
-    return self.cfg.capture
 
   @property
   def partition_rules(self):
@@ -103,24 +136,12 @@ class EagleDrafter(Drafter):
   def resyncing(self, window: int) -> EagleDrafter:
     return dataclasses.replace(self, resync=window, ring=max(self.ring, window))
 
-  def absorb(self, draft_state: EagleState, features, start, state) -> EagleState:
-    """Keeps features[B, T, C*D] of positions start + t that are now committed."""
-    b, t, _ = features.shape
-    w = draft_state.ring.shape[1]
-    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)
-    committed = state.prompt_lens + state.num_generated - 1  # the target cache's length
-    slots = jnp.where(positions < committed[:, None], positions % w, w)  # others dropped
-    ring = draft_state.ring.at[jnp.arange(b)[:, None], slots].set(
-      features.astype(draft_state.ring.dtype), mode='drop'
-    )
-    return draft_state.replace(ring=ring)
-
   def _catch_up(self, params, draft_state: EagleState, state, width: int):
     """Runs the pending positions (the last `width` before the target's length) with their
     features. Returns (out state at the last position [B, D], cache with lengths = L)."""
     head, embed = params['head'], params['embed']
     cache, w = draft_state.cache, draft_state.ring.shape[1]
-    target_len = state.prompt_lens + state.num_generated - 1  # L: features known below
+    target_len = committed_length(state)  # L: features known below
     positions = target_len[:, None] - width + jnp.arange(width, dtype=jnp.int32)  # [B, width]
     valid = positions >= cache.lengths[:, None]
     feats = jnp.take_along_axis(draft_state.ring, (positions % w)[:, :, None], axis=1)
@@ -144,7 +165,7 @@ class EagleDrafter(Drafter):
     if len(widths) == 1:
       out, cache = self._catch_up(params, draft_state, state, widths[0])
     else:
-      lag = jnp.max(state.prompt_lens + state.num_generated - 1 - draft_state.cache.lengths)
+      lag = jnp.max(committed_length(state) - draft_state.cache.lengths)
       branches = [
         functools.partial(lambda w, _: self._catch_up(params, draft_state, state, w), w)
         for w in widths
@@ -224,12 +245,7 @@ def _parse(spec) -> str:
 
 def _build(path, target, dtype):
   cfg, head, _ = eagle3.load(path)
-  if cfg.vocab_size != target.cfg.vocab_size or cfg.d_model != target.cfg.d_model:
-    raise ValueError(
-      f'EAGLE head {path} was made for a target with vocabulary {cfg.vocab_size} and width '
-      f'{cfg.d_model}; {target.source!r} has {target.cfg.vocab_size} and {target.cfg.d_model}'
-    )
-  llama.check_capture(target.cfg, cfg.capture)
+  check_target(f'EAGLE head {path}', cfg, target)
   embed = target.params['embed']
   head = jax.tree.map(
     lambda a: a if a.dtype == np.int32 else np.asarray(a, np.asarray(embed).dtype), head

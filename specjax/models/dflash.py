@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import llama, quant
+from specjax.models.eagle import FeatureConfig, is_shape, target_head
 from specjax.models.kv_cache import KVCache
 
 DEFAULT_BLOCK = 16  # DFlash's released drafters use blocks of 16 (15 drafted tokens)
@@ -65,17 +66,9 @@ def default_capture(n_layers: int, count: int = 3) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(FeatureConfig):
   """A block drafter's static shape (hashable: a jit static argument)."""
 
-  vocab_size: int  # the target's vocabulary (the size of q)
-  draft_vocab: int  # K
-  d_model: int
-  n_heads: int
-  n_kv_heads: int
-  head_dim: int
-  ffn_dim: int
-  capture: tuple[int, ...]  # target layers whose incoming stream the drafter reads
   n_layers: int = 1
   block_size: int = DEFAULT_BLOCK  # T: the anchor and block_size - 1 drafted positions
   rope_base: float = 10000.0
@@ -93,23 +86,13 @@ class DFlashConfig:
   def for_target(
     cls, target: llama.LlamaConfig, draft_vocab: int, capture=(), n_layers=1, block_size=16
   ):
-    capture = tuple(capture) or default_capture(target.n_layers)
-    llama.check_capture(target, capture)
     return cls(
-      vocab_size=target.vocab_size,
       draft_vocab=draft_vocab,
-      d_model=target.d_model,
-      n_heads=target.n_heads,
-      n_kv_heads=target.n_kv_heads,
-      head_dim=target.head_dim,
       ffn_dim=target.ffn_dim,
-      capture=capture,
       n_layers=n_layers,
       block_size=block_size,
-      rope_base=target.rope_base,
-      norm_eps=target.norm_eps,
-      rope_scaling=target.rope_scaling,
       embed_scale=float(target.d_model**0.5) if target.scale_embeddings else 1.0,
+      **cls.target_fields(target, capture, default_capture),
     )
 
   def param_shapes(self) -> dict:
@@ -137,22 +120,13 @@ class DFlashConfig:
       'head': (d, k),
     }
 
-  @property
-  def num_params(self) -> int:
-    shapes = jax.tree.leaves(self.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
-    return int(sum(np.prod(s) for s in shapes))
-
-
-def _is_shape(x) -> bool:
-  return isinstance(x, tuple)
-
 
 def init_params(cfg: DFlashConfig, key, vocab_ids, target_params=None) -> dict:
   """Random parameters: normal(0, 0.02) matrices and mask embedding, unit norms. With
   `target_params` the output head starts from the target's head rows of `vocab_ids` (its
   tied embedding when it has no lm_head) and `norm` from its final norm."""
   shapes = cfg.param_shapes()
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_shape)
   keys = jax.random.split(key, len(leaves))
   out = []
   for k, (path, s) in zip(keys, leaves):
@@ -160,30 +134,9 @@ def init_params(cfg: DFlashConfig, key, vocab_ids, target_params=None) -> dict:
     out.append(0.02 * np.asarray(jax.random.normal(k, s)) if random else np.ones(s, np.float32))
   params = jax.tree.unflatten(treedef, out)
   if target_params is not None:
-    head = target_params.get('lm_head')
-    if head is None:
-      head = np.asarray(target_params['embed'], np.float32)[np.asarray(vocab_ids)].T
-    else:
-      head = np.asarray(head, np.float32)[:, np.asarray(vocab_ids)]
-    params['head'] = np.ascontiguousarray(head, np.float32)
-    params['norm'] = np.asarray(target_params['final_norm'], np.float32)
+    params.update(target_head(target_params, vocab_ids))
   params['vocab_ids'] = np.asarray(vocab_ids, np.int32)
   return params
-
-
-def check_params(cfg: DFlashConfig, params, source: str) -> None:
-  """Raises ValueError naming the first tensor whose shape disagrees with `cfg`."""
-  want = {**cfg.param_shapes(), 'vocab_ids': (cfg.draft_vocab,)}
-  want = dict(jax.tree_util.tree_flatten_with_path(want, is_leaf=_is_shape)[0])
-  got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-  for path, shape in want.items():
-    if path not in got:
-      raise ValueError(f'{source}: missing tensor {jax.tree_util.keystr(path)}')
-    if tuple(got[path].shape) != tuple(shape):
-      raise ValueError(
-        f'{source}: tensor {jax.tree_util.keystr(path)} has shape {tuple(got[path].shape)}, '
-        f'expected {tuple(shape)}'
-      )
 
 
 def fuse(params, features: jax.Array, cfg: DFlashConfig) -> jax.Array:

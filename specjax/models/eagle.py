@@ -38,9 +38,14 @@ def default_capture(n_layers: int) -> tuple[int, ...]:
   return tuple(sorted({min(2, n_layers), n_layers // 2, max(n_layers - 3, 0)}))
 
 
+def is_shape(x) -> bool:
+  return isinstance(x, tuple)
+
+
 @dataclasses.dataclass(frozen=True)
-class EagleConfig:
-  """A head's static shape (hashable: a jit static argument)."""
+class FeatureConfig:
+  """The fields every feature drafter's shape has (EagleConfig here, the block drafter's
+  models/dflash.DFlashConfig): the target's vocabulary and attention shape, the layers read."""
 
   vocab_size: int  # the target's vocabulary (the size of q)
   draft_vocab: int  # K
@@ -49,7 +54,39 @@ class EagleConfig:
   n_kv_heads: int
   head_dim: int
   ffn_dim: int
-  capture: tuple[int, ...]  # target layers whose incoming stream the head reads
+  capture: tuple[int, ...]  # target layers whose incoming stream the drafter reads
+
+  @staticmethod
+  def target_fields(target: llama.LlamaConfig, capture, default_capture) -> dict:
+    """The fields a drafter for `target` takes from it (all but draft_vocab and ffn_dim),
+    capture checked against it (() = default_capture(target.n_layers))."""
+    capture = tuple(capture) or default_capture(target.n_layers)
+    llama.check_capture(target, capture)
+    return dict(
+      vocab_size=target.vocab_size,
+      d_model=target.d_model,
+      n_heads=target.n_heads,
+      n_kv_heads=target.n_kv_heads,
+      head_dim=target.head_dim,
+      capture=capture,
+      rope_base=target.rope_base,
+      norm_eps=target.norm_eps,
+      rope_scaling=target.rope_scaling,
+    )
+
+  def param_shapes(self) -> dict:
+    raise NotImplementedError
+
+  @property
+  def num_params(self) -> int:
+    shapes = jax.tree.leaves(self.param_shapes(), is_leaf=is_shape)
+    return int(sum(np.prod(s) for s in shapes))
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig(FeatureConfig):
+  """A head's static shape (hashable: a jit static argument)."""
+
   rope_base: float = 10000.0
   norm_eps: float = 1e-5
   n_layers: int = 1  # the head's own KV cache has one layer
@@ -63,20 +100,10 @@ class EagleConfig:
 
   @classmethod
   def for_target(cls, target: llama.LlamaConfig, draft_vocab: int, capture=(), ffn_dim=0):
-    capture = tuple(capture) or default_capture(target.n_layers)
-    llama.check_capture(target, capture)
     return cls(
-      vocab_size=target.vocab_size,
       draft_vocab=draft_vocab,
-      d_model=target.d_model,
-      n_heads=target.n_heads,
-      n_kv_heads=target.n_kv_heads,
-      head_dim=target.head_dim,
       ffn_dim=ffn_dim or target.ffn_dim,
-      capture=capture,
-      rope_base=target.rope_base,
-      norm_eps=target.norm_eps,
-      rope_scaling=target.rope_scaling,
+      **cls.target_fields(target, capture, default_capture),
     )
 
   def param_shapes(self) -> dict:
@@ -100,18 +127,13 @@ class EagleConfig:
       'head': (d, k),
     }
 
-  @property
-  def num_params(self) -> int:
-    shapes = jax.tree.leaves(self.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
-    return int(sum(np.prod(s) for s in shapes))
-
 
 def init_params(cfg: EagleConfig, key, vocab_ids, target_params=None, init_layer: int = -1):
   """Random head parameters (normal(0, 0.02) matrices, unit norms); the output head starts
   from the target's (tied) embedding rows of `vocab_ids` when `target_params` is given,
   and the MLP from target layer `init_layer` (>= 0)."""
   shapes = cfg.param_shapes()
-  leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  leaves, treedef = jax.tree.flatten(shapes, is_leaf=is_shape)
   keys = jax.random.split(key, len(leaves))
   out = [
     np.ones(s, np.float32) if len(s) == 1 else 0.02 * np.asarray(jax.random.normal(k, s))
@@ -119,11 +141,7 @@ def init_params(cfg: EagleConfig, key, vocab_ids, target_params=None, init_layer
   ]
   params = jax.tree.unflatten(treedef, out)
   if target_params is not None:
-    embed = np.asarray(target_params['embed'], np.float32)
-    head = target_params.get('lm_head')
-    head = embed[np.asarray(vocab_ids)].T if head is None else np.asarray(head)[:, vocab_ids]
-    params['head'] = np.ascontiguousarray(head, np.float32)
-    params['norm'] = np.asarray(target_params['final_norm'], np.float32)
+    params.update(target_head(target_params, vocab_ids))
     if init_layer >= 0:
       src = target_params['layers'][init_layer]
       for name in ('w_gate', 'w_up', 'w_down', 'mlp_norm', 'wo'):
@@ -132,14 +150,25 @@ def init_params(cfg: EagleConfig, key, vocab_ids, target_params=None, init_layer
   return params
 
 
-def check_params(cfg: EagleConfig, params, source: str) -> None:
-  """Raises ValueError naming the first tensor whose shape disagrees with `cfg`."""
-  want = dict(
-    jax.tree_util.tree_flatten_with_path(
-      {**cfg.param_shapes(), 'vocab_ids': (cfg.draft_vocab,)},
-      is_leaf=lambda x: isinstance(x, tuple),
-    )[0]
-  )
+def target_head(target_params, vocab_ids) -> dict:
+  """{'head', 'norm'} (float32) to start a drafter's output from: the target's head rows of
+  `vocab_ids` (its tied embedding's when it has no lm_head) and its final norm."""
+  head = target_params.get('lm_head')
+  if head is None:
+    head = np.asarray(target_params['embed'], np.float32)[np.asarray(vocab_ids)].T
+  else:
+    head = np.asarray(head, np.float32)[:, np.asarray(vocab_ids)]
+  return {
+    'head': np.ascontiguousarray(head, np.float32),
+    'norm': np.asarray(target_params['final_norm'], np.float32),
+  }
+
+
+def check_params(cfg: FeatureConfig, params, source: str) -> None:
+  """Raises ValueError naming the first tensor whose shape disagrees with `cfg` (a head's or
+  a block drafter's)."""
+  want = {**cfg.param_shapes(), 'vocab_ids': (cfg.draft_vocab,)}
+  want = dict(jax.tree_util.tree_flatten_with_path(want, is_leaf=is_shape)[0])
   got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
   for path, shape in want.items():
     if path not in got:

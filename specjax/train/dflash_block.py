@@ -42,6 +42,7 @@ from specjax.models.dflash import DFlashConfig
 from specjax.models.kv_cache import KVCache
 from specjax.train import data as data_lib
 from specjax.train import eagle_head, feature_data
+from specjax.train.eagle_head import device_batch
 from specjax.train.task import Task, make_optimizer, optimizer_step
 
 
@@ -150,12 +151,7 @@ def make_eval_step(cfg: DFlashConfig):
 
 def target_argmax(frozen, dataset, batch_size: int) -> np.ndarray:
   """[N, S] the target's greedy token after each position (full vocabulary)."""
-  top = jax.jit(lambda h, w: jnp.argmax(h.astype(jnp.float32) @ w, -1))
-  out = []
-  for start in range(0, len(dataset), batch_size):
-    b = dataset.batch(np.arange(start, min(start + batch_size, len(dataset))))
-    out.append(np.asarray(top(b['hidden'], frozen['full_w'])))
-  return np.concatenate(out)
+  return eagle_head.target_argmax(frozen, dataset, batch_size, first=0)
 
 
 def eval_anchors(seq_len: int, stride: int) -> np.ndarray:
@@ -167,9 +163,7 @@ def evaluate(eval_step, params, frozen, dataset, batch_size: int, stride: int, t
   seq_len = dataset.tokens.shape[1]
   anchors = eval_anchors(seq_len, stride)
   greedy, accept = [], []
-  for start in range(0, len(dataset), batch_size):
-    rows = np.arange(start, min(start + batch_size, len(dataset)))
-    batch = {**device_batch(dataset.batch(rows)), 'target_top': jnp.asarray(top[rows])}
+  for rows, batch in eagle_head.eval_batches(dataset, batch_size, top):
     at = jnp.broadcast_to(jnp.asarray(anchors), (len(rows), len(anchors)))
     g, a = eval_step(params, frozen, batch, at)
     greedy.append(np.asarray(g))
@@ -193,19 +187,22 @@ def summarize(greedy, accept, valid, source) -> dict:
   out['chain_t1'] = (
     float(np.cumprod(accept, -1).sum(-1)[full].mean()) if full.any() else float('nan')
   )
-  for s, name in enumerate(data_lib.SOURCES):
-    rows = source == s
-    if full[rows].any():
-      out[f'greedy_1_{name}'] = float(greedy[rows][..., 0][valid[rows][..., 0]].mean())
-      out[f'chain_{name}'] = float(chain[rows][full[rows]].mean())
-  out['greedy'] = out['greedy_1']
-  out['accept_t1'] = out['accept_t1_1']
-  return out
+  return eagle_head.by_source(out, greedy[..., 0], valid[..., 0], chain, full, source)
 
 
-def device_batch(batch):
-  """The arrays of a FeatureSet batch on the device (its `source` left on the host)."""
-  return {k: jnp.asarray(v) for k, v in batch.items() if k != 'source'}
+def train_info(config, target, steps: int, evals, **extra) -> dict:
+  """The `specjax` entry a trained block drafter's config.json records (`extra` before
+  final_eval)."""
+  return {
+    'target': target.source,
+    'steps': steps,
+    'train_blocks': int(steps * config.batch_size * config.anchors),
+    'anchors': config.anchors,
+    'loss_decay': config.loss_decay,
+    'divergence': config.divergence,
+    **extra,
+    'final_eval': evals[-1] if evals else {},
+  }
 
 
 @dataclasses.dataclass
@@ -237,13 +234,7 @@ def setup(config, progress=print) -> BlockSetup:
   else:
     vocab_ids = eagle_head.vocabulary(target, train_data, d.vocab_size)
     params = dflash_model.init_params(cfg, jax.random.key(config.seed), vocab_ids, target.params)
-  full_w = eagle_head.full_w_of(target)
-  frozen = {
-    'embed': jnp.asarray(target.params['embed']),
-    'vocab_ids': jnp.asarray(params.pop('vocab_ids')),
-    'full_w': full_w,
-  }
-  frozen['head_w'] = full_w[:, frozen['vocab_ids']]
+  frozen = eagle_head.frozen_arrays(target, params.pop('vocab_ids'))
   return BlockSetup(target, train_data, eval_data, cfg, jax.tree.map(jnp.asarray, params), frozen)
 
 
@@ -262,20 +253,12 @@ def task(config, progress=print) -> Task:
 
   def save(workdir, params, steps, evals):
     block = {**jax.tree.map(np.asarray, params), 'vocab_ids': np.asarray(s.frozen['vocab_ids'])}
-    info = {
-      'target': s.target.source,
-      'steps': steps,
-      'train_blocks': int(steps * config.batch_size * config.anchors),
-      'anchors': config.anchors,
-      'loss_decay': config.loss_decay,
-      'divergence': config.divergence,
-      'final_eval': evals[-1] if evals else {},
-    }
+    info = train_info(config, s.target, steps, evals)
     dflash_ckpt.save(workdir / 'drafter', s.cfg, block, info)
 
   describe = (
-    f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} learned positions), '
-    f'{len(s.eval_data)} held aside; block drafter {s.cfg.num_params / 1e6:.1f}M parameters, '
+    f'{eagle_head.describe_data(s.train_data, s.eval_data)}; block drafter '
+    f'{s.cfg.num_params / 1e6:.1f}M parameters, '
     f'{s.cfg.n_layers} layers, blocks of {s.cfg.block_size}, {s.cfg.draft_vocab}-token '
     f'vocabulary, target layers {list(s.cfg.capture)}; {config.anchors} blocks per sequence'
   )
@@ -299,5 +282,5 @@ def task(config, progress=print) -> Task:
     ),
     batch=batch,
     save=save,
-    summary=lambda ev: f'held-aside greedy match {ev["greedy_1"]:.3f}, chain {ev["chain"]:.2f}',
+    summary=eagle_head.summary,
   )

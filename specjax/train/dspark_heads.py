@@ -44,7 +44,7 @@ from specjax.models import dflash as dflash_model
 from specjax.models import dspark as dspark_model
 from specjax.models.dflash import DFlashConfig
 from specjax.train import data as data_lib
-from specjax.train import dflash_block
+from specjax.train import dflash_block, eagle_head
 from specjax.train.task import Task, make_optimizer, optimizer_step
 
 ECE_BINS = 10
@@ -175,9 +175,7 @@ def evaluate(eval_step, params, frozen, dataset, batch_size: int, stride: int, t
   """Held-aside metrics (the module doc) at anchors every `stride` positions."""
   anchors = dflash_block.eval_anchors(dataset.tokens.shape[1], stride)
   parts = []
-  for start in range(0, len(dataset), batch_size):
-    rows = np.arange(start, min(start + batch_size, len(dataset)))
-    batch = {**dflash_block.device_batch(dataset.batch(rows)), 'target_top': jnp.asarray(top[rows])}
+  for rows, batch in eagle_head.eval_batches(dataset, batch_size, top):
     at = jnp.broadcast_to(jnp.asarray(anchors), (len(rows), len(anchors)))
     parts.append([np.asarray(x) for x in eval_step(params, frozen, batch, at)])
   greedy, accept, conf, counted = (np.concatenate(x) for x in zip(*parts))  # [N, A, T - 1]
@@ -227,21 +225,12 @@ def task(config, progress=print) -> Task:
   def save(workdir, params, steps, evals):
     p = jax.tree.map(np.asarray, with_block(params, frozen))
     block = {**p['block'], 'vocab_ids': np.asarray(frozen['vocab_ids'])}
-    info = {
-      'target': s.target.source,
-      'steps': steps,
-      'train_blocks': int(steps * config.batch_size * config.anchors),
-      'anchors': config.anchors,
-      'loss_decay': config.loss_decay,
-      'divergence': config.divergence,
-      'conf_weight': config.conf_weight,
-      'final_eval': evals[-1] if evals else {},
-    }
+    info = dflash_block.train_info(config, s.target, steps, evals, conf_weight=config.conf_weight)
     dspark_ckpt.save(workdir / 'drafter', s.cfg, block, p['heads'], info)
 
   describe = (
-    f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} learned positions), '
-    f'{len(s.eval_data)} held aside; DSpark drafter: a {s.cfg.num_params / 1e6:.1f}M-parameter '
+    f'{eagle_head.describe_data(s.train_data, s.eval_data)}; DSpark drafter: a '
+    f'{s.cfg.num_params / 1e6:.1f}M-parameter '
     f'block of {s.cfg.block_size} ({s.cfg.n_layers} layers, {s.cfg.draft_vocab}-token '
     f'vocabulary, target layers {list(s.cfg.capture)}), Markov rank {config.drafter.rank}, '
     f'a confidence head; {config.anchors} blocks per sequence'
@@ -266,8 +255,5 @@ def task(config, progress=print) -> Task:
     ),  # fmt: skip
     batch=batch,
     save=save,
-    summary=lambda ev: (
-      f'held-aside greedy match {ev["greedy_1"]:.3f}, chain {ev["chain"]:.2f}, '
-      f'confidence ECE {ev["ece"]:.3f}'
-    ),
+    summary=lambda ev: f'{eagle_head.summary(ev)}, confidence ECE {ev["ece"]:.3f}',
   )

@@ -165,9 +165,12 @@ def make_eval_step(cfg, unroll: int):
   return step
 
 
-def target_argmax(frozen, dataset: feature_data.FeatureSet, batch_size: int) -> np.ndarray:
-  """[N, T - 1] the target's greedy token after each head position (full vocabulary)."""
-  top = jax.jit(lambda h, w: jnp.argmax(h[:, 1:].astype(jnp.float32) @ w, -1))
+def target_argmax(
+  frozen, dataset: feature_data.FeatureSet, batch_size: int, first: int = 1
+) -> np.ndarray:
+  """[N, T - first] the target's greedy token after each position from `first` on (full
+  vocabulary; first 1: after each head position)."""
+  top = jax.jit(lambda h, w: jnp.argmax(h[:, first:].astype(jnp.float32) @ w, -1))
   out = []
   for start in range(0, len(dataset), batch_size):
     b = dataset.batch(np.arange(start, min(start + batch_size, len(dataset))))
@@ -179,9 +182,7 @@ def evaluate(
   eval_step, params, frozen, dataset: feature_data.FeatureSet, batch_size, unroll, target_top
 ):
   greedy, accept = [], []
-  for start in range(0, len(dataset), batch_size):
-    rows = np.arange(start, min(start + batch_size, len(dataset)))
-    batch = {**_device(dataset.batch(rows)), 'target_top': jnp.asarray(target_top[rows])}
+  for _, batch in eval_batches(dataset, batch_size, target_top):
     g, a = eval_step(params, frozen, batch)
     greedy.append(np.asarray(g))
     accept.append(np.asarray(a))
@@ -199,18 +200,45 @@ def evaluate(
   m = np.all(np.stack([mask[:, k : k + n] for k in range(unroll)]), 0)
   chain = np.cumprod(aligned, axis=0).sum(0)  # draft tokens a greedy chain keeps
   out['chain'] = float(chain[m].mean())
+  return by_source(out, greedy[0], mask, chain, m, source)
+
+
+def by_source(out: dict, greedy_1, valid_1, chain, full, source) -> dict:
+  """out (held-aside metrics with greedy_1 and accept_t1_1) with greedy_1 and chain per
+  data source and their aliases `greedy`, `accept_t1`: of greedy_1 where valid_1 [N, ...]
+  and chain where full [N, ...], rows by source [N]."""
   for s, name in enumerate(data_lib.SOURCES):
     rows = source == s
-    if (m[rows]).any():
-      out[f'greedy_1_{name}'] = float(greedy[0][rows][mask[rows]].mean())
-      out[f'chain_{name}'] = float(chain[rows][m[rows]].mean())
+    if full[rows].any():
+      out[f'greedy_1_{name}'] = float(greedy_1[rows][valid_1[rows]].mean())
+      out[f'chain_{name}'] = float(chain[rows][full[rows]].mean())
   out['greedy'] = out['greedy_1']
   out['accept_t1'] = out['accept_t1_1']
   return out
 
 
-def _device(batch):
+def summary(ev: dict) -> str:
+  """The line the trainer logs of held-aside metrics."""
+  return f'held-aside greedy match {ev["greedy_1"]:.3f}, chain {ev["chain"]:.2f}'
+
+
+def device_batch(batch):
+  """The arrays of a FeatureSet batch on the device (its `source` left on the host)."""
   return {k: jnp.asarray(v) for k, v in batch.items() if k != 'source'}
+
+
+def eval_batches(dataset: feature_data.FeatureSet, batch_size: int, target_top):
+  """(rows, batch on the device with the rows' target_top) of held-aside data, in order."""
+  for start in range(0, len(dataset), batch_size):
+    rows = np.arange(start, min(start + batch_size, len(dataset)))
+    yield rows, {**device_batch(dataset.batch(rows)), 'target_top': jnp.asarray(target_top[rows])}
+
+
+def describe_data(train: feature_data.FeatureSet, held: feature_data.FeatureSet) -> str:
+  return (
+    f'data: {len(train)} train sequences ({train.num_tokens} learned positions), '
+    f'{len(held)} held aside'
+  )
 
 
 def vocabulary(target, data: feature_data.FeatureSet, size: int) -> np.ndarray:
@@ -229,6 +257,19 @@ def vocabulary(target, data: feature_data.FeatureSet, size: int) -> np.ndarray:
 def full_w_of(target):
   p = target.params
   return jnp.asarray(p['embed']).T if target.cfg.tie_embeddings else jnp.asarray(p['lm_head'])
+
+
+def frozen_arrays(target, vocab_ids) -> dict:
+  """What training holds fixed: the target's input embedding and output head (full_w, and
+  head_w: its draft vocabulary's columns), the draft vocabulary's target ids."""
+  full_w = full_w_of(target)
+  frozen = {
+    'embed': jnp.asarray(target.params['embed']),
+    'vocab_ids': jnp.asarray(vocab_ids),
+    'full_w': full_w,
+  }
+  frozen['head_w'] = full_w[:, frozen['vocab_ids']]
+  return frozen
 
 
 @dataclasses.dataclass
@@ -268,13 +309,7 @@ def setup(config, progress=print) -> HeadSetup:
     params = eagle_model.init_params(
       cfg, jax.random.key(config.seed), vocab_ids, target.params, config.head.init_layer
     )
-  full_w = full_w_of(target)
-  frozen = {
-    'embed': jnp.asarray(target.params['embed']),
-    'vocab_ids': jnp.asarray(params.pop('vocab_ids')),
-    'full_w': full_w,
-  }
-  frozen['head_w'] = full_w[:, frozen['vocab_ids']]
+  frozen = frozen_arrays(target, params.pop('vocab_ids'))
   return HeadSetup(target, train_data, eval_data, cfg, jax.tree.map(jnp.asarray, params), frozen)
 
 
@@ -295,7 +330,7 @@ def task(config, progress=print):
 
   def batch(step):
     idx = data_lib.batch_indices(len(s.train_data), config.batch_size, step, config.seed)
-    return _device(s.train_data.batch(np.sort(idx)))
+    return device_batch(s.train_data.batch(np.sort(idx)))
 
   def save(workdir, params, steps, evals):
     head = {**jax.tree.map(np.asarray, params), 'vocab_ids': np.asarray(s.frozen['vocab_ids'])}
@@ -311,8 +346,7 @@ def task(config, progress=print):
     eagle3.save(workdir / 'head', s.cfg, head, info)
 
   describe = (
-    f'data: {len(s.train_data)} train sequences ({s.train_data.num_tokens} learned positions), '
-    f'{len(s.eval_data)} held aside; head {s.cfg.num_params / 1e6:.1f}M parameters, '
+    f'{describe_data(s.train_data, s.eval_data)}; head {s.cfg.num_params / 1e6:.1f}M parameters, '
     f"{s.cfg.draft_vocab}-token vocabulary (holds {coverage:.3f} of the target's greedy "
     f'tokens on held-aside data), target layers {list(s.cfg.capture)}'
   )
@@ -329,5 +363,5 @@ def task(config, progress=print):
     ),
     batch=batch,
     save=save,
-    summary=lambda ev: f'held-aside greedy match {ev["greedy_1"]:.3f}, chain {ev["chain"]:.2f}',
+    summary=summary,
   )
