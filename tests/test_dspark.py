@@ -2,12 +2,15 @@
 each position's q as the Markov head gives it (what a teacher-forced pass over the drawn
 tokens computes), confidences are probabilities, greedy identity, lossless sampling."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specjax import registry, testing
+from specjax.checkpoints import dspark as dspark_ckpt
 from specjax.checkpoints import loader
 from specjax.control import scheduled
 from specjax.control.adaptive import AdaptiveConfig
@@ -120,13 +123,26 @@ def test_dspark_specs():
   assert isinstance(drafter, DSparkDrafter) and params['heads']['w1'].shape == (64, 8)
   assert 'untrained' in drafter.name and not np.any(params['heads']['w2'])
   for spec, message in {
-    'dspark': 'expected dspark',
+    'dspark:rank=8': 'expected dspark',
     'dspark:random,rank=0': 'rank >= 1',
     'dspark:random,rnk=2': "unknown option 'rnk'",
     'dspark:/nowhere': 'no DSpark drafter at',
   }.items():
     with pytest.raises(ValueError, match=message):
       registry.parse_draft(spec)
+
+
+def test_the_shipped_drafter_is_what_both_specs_find_and_fits_smollm2():
+  from specjax.drafters import dflash as dflash_drafter
+
+  for spec in ('dflash', 'dspark'):
+    assert registry.parse_draft(spec)[1] == dflash_drafter.SHIPPED
+  cfg, _, heads, info = dspark_ckpt.load(dflash_drafter.SHIPPED)
+  assert (cfg.vocab_size, cfg.d_model, cfg.capture) == (49152, 576, (2, 15, 27))
+  assert cfg.block_size == 16 and heads['w1'].shape == (49152, 32)
+  assert info['block']['steps'] == 1200 and info['heads']['steps'] == 200  # README's commands
+  files = list(pathlib.Path(dflash_drafter.SHIPPED).iterdir())
+  assert all(f.stat().st_size <= 25 * 10**6 for f in files), files  # the repository's limit
 
 
 def test_expected_tokens_and_the_shared_choice():
