@@ -2,6 +2,7 @@
 
 import gc
 import os
+import tempfile
 
 import pytest
 
@@ -16,6 +17,19 @@ MAPS_BEFORE_CLEARING = 20_000
 # optimised). See `_optimise_only_real_models`.
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 TINY_MODELS_UNOPTIMISED = os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] == '1'
+
+# Many tests compile the same programs (the same tiny shapes in many engines, the real
+# model's in every `python -m specjax.run` subprocess), and every engine jits afresh. JAX's
+# persistent compilation cache, shared by both workers and the subprocesses they start,
+# compiles each program once per machine; a key is the program's HLO, the JAX version and
+# the flags, so a hit is the same executable. SPECJAX_TEST_JAX_CACHE='' turns it off.
+_CACHE = os.environ.setdefault(
+  'SPECJAX_TEST_JAX_CACHE', os.path.join(tempfile.gettempdir(), 'specjax-test-jax-cache')
+)
+if _CACHE:
+  os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _CACHE)
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.1')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 
 def _map_count() -> int:
