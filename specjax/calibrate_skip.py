@@ -44,6 +44,7 @@ from specjax.bench import metrics, provenance
 from specjax.checkpoints import loader
 from specjax.control import cost_model
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters.model import ModelDrafter
 from specjax.models import llama
 
@@ -169,7 +170,7 @@ def predicted_speedup(tokens_per_call: float, kept: int, gamma: int, costs: Skip
 
 def reference_texts(engine: Engine, prompts, max_new: int):
   """(tokens[B, T], lengths[B], start[B]): prompt + the target's greedy continuation."""
-  out = engine.generate(prompts, max_new)
+  out = engine.generate(prompts, max_new_tokens=max_new)
   seqs = [list(p) + t for p, t in zip(prompts, out.tokens)]
   width = max(map(len, seqs))
   tokens = np.zeros((len(seqs), width), np.int32)
@@ -213,11 +214,11 @@ def measure(model, cand: Candidate, prompts, max_new: int, base: Engine) -> dict
   spec = {'tokens': 0, 'seconds': 0.0, 'calls': 0}
   plain = {'tokens': 0, 'seconds': 0.0}
   for p in prompts:  # interleaved prompt by prompt
-    o = engine.generate([p], max_new, gamma=gamma, verifier='greedy')
+    o = engine.generate([p], Method.chain(gamma, 'greedy'), max_new_tokens=max_new)
     spec['tokens'] += o.num_generated
     spec['seconds'] += o.prefill_seconds + o.decode_seconds
     spec['calls'] += o.target_calls
-    a = base.generate([p], max_new)
+    a = base.generate([p], max_new_tokens=max_new)
     plain['tokens'] += a.num_generated
     plain['seconds'] += a.prefill_seconds + a.decode_seconds
   tps, base_tps = spec['tokens'] / spec['seconds'], plain['tokens'] / plain['seconds']

@@ -30,6 +30,7 @@ from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine, GenerationOutput
+from specjax.decode.method import Method
 from specjax.drafters import ConsensusDrafter, NgramDrafter
 from specjax.harness import run_lib
 
@@ -86,7 +87,11 @@ def run_paths(
 ) -> GenerationOutput:
   """Decodes n paths of one prompt as one batch of n copies."""
   return engine.generate(
-    [list(prompt)] * n, max_new, sampling, seed=seed, gamma=gamma, verifier=verifier
+    [list(prompt)] * n,
+    Method.chain(gamma, verifier),
+    max_new_tokens=max_new,
+    sampling=sampling,
+    seed=seed,
   )
 
 

@@ -13,6 +13,7 @@ from specjax.control import adaptive, cost_model
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import parse_shape, parse_tree
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
 
 # Costs of a cheapish draft in target-step units (c ~ 0.1, verify grows with gamma).
@@ -298,19 +299,22 @@ def drafts(target):
 )
 def test_adaptive_greedy_equals_target_greedy(target, name):
   engine = engine_with(target, *drafts(target)[name])
-  reference = engine.generate(PROMPTS, 40).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=40).tokens
   drafted = set()
   for config in (JUMPY, adaptive.AdaptiveConfig(**COSTS)):
-    out = engine.generate(PROMPTS, 40, adaptive=config, verifier='greedy')
+    out = engine.generate(PROMPTS, Method.adaptive(config, 'greedy'), max_new_tokens=40)
     assert out.tokens == reference
-    assert engine.generate(PROMPTS[1:2], 40, adaptive=config).tokens[0] == reference[1]
+    assert (
+      engine.generate(PROMPTS[1:2], Method.adaptive(config), max_new_tokens=40).tokens[0]
+      == reference[1]
+    )
     drafted |= {d for row in out.drafted for d in row}
   assert 0 in drafted and len(drafted) >= 3, drafted  # plain steps and two draft lengths
 
 
 def test_jumpy_settings_do_switch(target):
   engine = engine_with(target, *drafts(target)['random tiny model'])
-  out = engine.generate(PROMPTS, 60, adaptive=JUMPY)
+  out = engine.generate(PROMPTS, Method.adaptive(JUMPY), max_new_tokens=60)
   drafted = {d for row in out.drafted for d in row}
   assert drafted >= {0, 1}, drafted  # plain steps and probes both ran
   assert out.switches >= 1
@@ -321,7 +325,7 @@ def test_the_draft_cache_catches_up_after_plain_steps(target):
   cache missed the tokens of the plain steps that skipped it."""
   cfg, params = target
   engine = engine_with(target, ModelDrafter(cfg), params)
-  out = engine.generate(PROMPTS, 60, adaptive=JUMPY)
+  out = engine.generate(PROMPTS, Method.adaptive(JUMPY), max_new_tokens=60)
   tried = [(a, d) for acc, dr in zip(out.accepted, out.drafted) for a, d in zip(acc, dr) if d]
   plain = sum(d == 0 for row in out.drafted for d in row)
   assert plain >= 4 and len(tried) >= 4  # it started off, probed, and turned on
@@ -354,7 +358,7 @@ def test_a_dear_draft_in_the_loop_stays_near_autoregressive_speed(target):
   dear = adaptive.AdaptiveConfig(**DEAR)
   cheap = adaptive.AdaptiveConfig(**COSTS, catch_up_cost=0.1)
   for config, low, high in ((dear, 0.97, 1.0), (cheap, 1.5, None)):
-    out = engine.generate(PROMPTS, 80, adaptive=config)
+    out = engine.generate(PROMPTS, Method.adaptive(config), max_new_tokens=80)
     for row in range(len(PROMPTS)):
       speedup = iteration_speedup(out, config, row)
       assert speedup >= low and (high is None or speedup <= high), (row, speedup, out.drafted)
@@ -363,12 +367,12 @@ def test_a_dear_draft_in_the_loop_stays_near_autoregressive_speed(target):
 def test_control_carries_over_between_batches(target):
   cfg, params = target
   engine = engine_with(target, ModelDrafter(cfg), params)
-  first = engine.generate(PROMPTS, 30, adaptive=JUMPY)
-  second = engine.generate(PROMPTS, 30, adaptive=JUMPY)
+  first = engine.generate(PROMPTS, Method.adaptive(JUMPY), max_new_tokens=30)
+  second = engine.generate(PROMPTS, Method.adaptive(JUMPY), max_new_tokens=30)
   plain = lambda out: sum(d == 0 for row in out.drafted for d in row)
   assert plain(first) > 0 and plain(second) == 0  # it already knows the draft is perfect
   engine.reset_control()
-  assert plain(engine.generate(PROMPTS, 30, adaptive=JUMPY)) == plain(first)
+  assert plain(engine.generate(PROMPTS, Method.adaptive(JUMPY), max_new_tokens=30)) == plain(first)
 
 
 @pytest.mark.parametrize('trees', [False, True], ids=['chains', 'chains and trees'])
@@ -396,7 +400,9 @@ def test_adaptive_sampling_matches_the_target(trees):
   config = adaptive.AdaptiveConfig(
     gammas=(1, 2), start_on=False, probe_first=False, probe_every=1, **more
   )
-  out = engine.generate([prompt] * n, 4, sampling, seed=5, adaptive=config)
+  out = engine.generate(
+    [prompt] * n, Method.adaptive(config), max_new_tokens=4, sampling=sampling, seed=5
+  )
   assert {d for row in out.drafted for d in row} >= ({0, 4} if trees else {0, 2})
 
   seqs = np.array(list(itertools.product(range(vocab), repeat=4)))
@@ -435,7 +441,7 @@ WITH_TREES = adaptive.AdaptiveConfig(
 @pytest.mark.parametrize('name', ['random tiny model', 'skip layers', 'reduced-vocabulary draft'])
 def test_adaptive_trees_greedy_equals_target_greedy(target, name):
   engine = engine_with(target, *drafts(target)[name])
-  reference = engine.generate(PROMPTS, 40).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=40).tokens
   drafted = set()
   # The second starts on the tree: its prior thinks every draft token is accepted, and the
   # tree's 4 tokens at a cost of 1.4 then beat the chain's 3 at 1.3.
@@ -443,10 +449,13 @@ def test_adaptive_trees_greedy_equals_target_greedy(target, name):
     WITH_TREES, prior_alpha=1.0, start_on=True, tree_draft_cost=(0.2,)
   )
   for config in (WITH_TREES, starts_on_tree):
-    out = engine.generate(PROMPTS, 40, adaptive=config, verifier='greedy')
+    out = engine.generate(PROMPTS, Method.adaptive(config, 'greedy'), max_new_tokens=40)
     assert out.tokens == reference
     drafted |= {d for row in out.drafted for d in row}
-    assert engine.generate(PROMPTS[1:2], 40, adaptive=config).tokens[0] == reference[1]
+    assert (
+      engine.generate(PROMPTS[1:2], Method.adaptive(config), max_new_tokens=40).tokens[0]
+      == reference[1]
+    )
   assert drafted >= {0, 2, 10}, drafted  # plain steps, chains and trees all ran
 
 
@@ -461,10 +470,12 @@ def test_the_segmented_loop_equals_one_switch_per_iteration(target):
   cfg, params = target
   drafter, small = drafts(target)['random tiny model']
   engine = engine_with(target, drafter, small)
-  method = engine.method(adaptive=WITH_TREES)
+  method = Method.adaptive(WITH_TREES)
   sampling = SamplingConfig(temperature=1.0)
   tokens, lengths, max_new, out_len, cache = engine.prepare(PROMPTS, 24, method.spare)
-  kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=-1)
+  kw = dict(
+    cfg=cfg, method=method, drafter=engine.drafter_for(method), sampling=sampling, eos_id=-1
+  )
   p = {'target': params, 'draft': small}
   start = lambda: prefill(
     p,
@@ -505,9 +516,10 @@ def test_changing_setting_copies_no_cache(target):
   cfg, params = target
   drafter, small = drafts(target)['truncated target']
   engine = engine_with(target, drafter, small)
-  method = engine.method(adaptive=JUMPY)
+  method = Method.adaptive(JUMPY)
   tokens, lengths, max_new, out_len, cache = engine.prepare(PROMPTS, 24, method.spare)
-  kw = dict(cfg=cfg, method=method, sampling=SamplingConfig(temperature=0.0), eos_id=-1)
+  greedy = SamplingConfig(temperature=0.0)
+  kw = dict(cfg=cfg, method=method, drafter=engine.drafter_for(method), sampling=greedy, eos_id=-1)
   p = {'target': params, 'draft': small}
   state = prefill(
     p,
@@ -529,7 +541,7 @@ def test_changing_setting_copies_no_cache(target):
     assert not re.search(rf'= f32\[{dims}\]\S* copy\(', hlo), shape
   assert ' conditional(' not in hlo
   # and it still changes setting
-  out = engine.generate(PROMPTS, 24, adaptive=JUMPY, verifier='greedy')
+  out = engine.generate(PROMPTS, Method.adaptive(JUMPY, 'greedy'), max_new_tokens=24)
   assert len({d for row in out.drafted for d in row}) > 1
 
 
@@ -537,10 +549,10 @@ def test_adaptive_trees_are_refused_where_they_cannot_run(target):
   cfg, _ = target
   lookup = engine_with(target, NgramDrafter(cfg.vocab_size), None)
   with pytest.raises(ValueError, match='static|dynamic'):
-    lookup.method(adaptive=WITH_TREES)
+    lookup.check(Method.adaptive(WITH_TREES))
   drafter, small = drafts(target)['random tiny model']
   with pytest.raises(ValueError, match='block verification is proved for chains only'):
-    engine_with(target, drafter, small).method(verifier='block', adaptive=WITH_TREES)
+    Method.adaptive(WITH_TREES, 'block')
 
 
 # ---------------------------------------------------------------------------------------------

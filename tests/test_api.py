@@ -24,7 +24,7 @@ def target_greedy(lm, text: str, n: int) -> list[int]:
   """The target's own greedy tokens, through an Engine built here (not the API's)."""
   m = lm.model
   engine = Engine(m.params, m.cfg, eos_id=m.tokenizer.eos_id, cache_size=1024)
-  return list(engine.generate([m.tokenizer.encode_chat(text)], n).tokens[0])
+  return list(engine.generate([m.tokenizer.encode_chat(text)], max_new_tokens=n).tokens[0])
 
 
 def test_speculative_text_is_the_targets_greedy_text(lm, tmp_path):

@@ -13,7 +13,7 @@ from specjax import registry, testing, verify
 from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.decode.engine import Engine
-from specjax.decode.loop import Method
+from specjax.decode.method import Method
 from specjax.decode.prefill import prefill
 from specjax.drafters.consensus import ConsensusDrafter, group_candidates, heaviest_path
 from specjax.models import llama
@@ -97,7 +97,7 @@ def test_proposals_inside_the_loop_come_from_the_other_path(target):
   # the same text: row 0's draft is what row 1 wrote next.
   cfg, params = target
   drafter = ConsensusDrafter(cfg.vocab_size, group=2, k=1, max_mismatches=0, n_max=0)
-  method = Method(gamma=3, drafter=drafter)
+  method = Method.chain(3)
   prompts = jnp.array([[5, 6, 7, 8], [5, 6, 7, 8]])
   state = prefill(
     {'target': params, 'draft': None},
@@ -107,6 +107,7 @@ def test_proposals_inside_the_loop_come_from_the_other_path(target):
     jax.random.key(0),
     cfg=cfg,
     method=method,
+    drafter=drafter,
     sampling=SamplingConfig(),
     eos_id=-1,
     cache_size=32,
@@ -126,9 +127,9 @@ def test_proposals_inside_the_loop_come_from_the_other_path(target):
 def test_consensus_greedy_equals_target_greedy(target, verifier):
   engine = consensus_engine(target, group=4, k=2)
   prompts = [[3, 1, 4, 1, 5] * 3] * 4 + [[9, 2, 6, 5, 3, 5], [9, 2], [9, 2, 6], [7, 7, 7]]
-  reference = engine.generate(prompts, 30).tokens
+  reference = engine.generate(prompts, max_new_tokens=30).tokens
   for gamma in (1, 4) if verifier == 'greedy' else (4,):
-    out = engine.generate(prompts, 30, gamma=gamma, verifier=verifier)
+    out = engine.generate(prompts, Method.chain(gamma, verifier), max_new_tokens=30)
     assert out.tokens == reference, gamma
     assert sum(map(sum, out.drafted)) > 0
 
@@ -138,12 +139,12 @@ def test_consensus_tries_keep_greedy_identity(target):
 
   engine = consensus_engine(target, group=4, k=2)
   prompts = [[3, 1, 4, 1, 5] * 3] * 4 + [[9, 2, 6, 5, 3, 5], [9, 2], [9, 2, 6], [7, 7, 7]]
-  reference = engine.generate(prompts, 30).tokens
+  reference = engine.generate(prompts, max_new_tokens=30).tokens
   for spec in (
     tree_lib.TreeSpec(size=8, depth=4, width=3),
     tree_lib.TreeSpec(size=4, depth=4, width=5),
   ):
-    out = engine.generate(prompts, 30, tree=spec)
+    out = engine.generate(prompts, Method.tree(spec), max_new_tokens=30)
     assert out.tokens == reference, spec
     assert sum(map(sum, out.accepted)) > 0
 
@@ -159,7 +160,7 @@ def test_consensus_on_a_looping_target_accepts_everything():
     cache_size=128,
     drafter=ConsensusDrafter(64, group=2, k=2, max_mismatches=0, n_max=0),
   )
-  out = engine.generate([[1, 2, 3], [1, 2, 30]], 40, gamma=4, verifier='greedy')
+  out = engine.generate([[1, 2, 3], [1, 2, 30]], Method.chain(4, 'greedy'), max_new_tokens=40)
   assert out.tokens[0] == [4 + i for i in range(40)]
   assert out.tokens[1] == [(31 + i) % 64 for i in range(40)]
   # Row 0 reaches 31 after 27 tokens; from then on it copies row 1's earlier text.
@@ -204,7 +205,9 @@ def sample(small_vocab, sampling, gamma, verifier, proposal='mode'):
   cfg, params = small_vocab
   drafter = ConsensusDrafter(VOCAB, group=8, k=2, max_mismatches=1, n_max=1, proposal=proposal)
   engine = Engine(params, cfg, eos_id=-1, cache_size=16, drafter=drafter)
-  out = engine.generate([PROMPT] * N, NEW, sampling, seed=1, gamma=gamma, verifier=verifier)
+  out = engine.generate(
+    [PROMPT] * N, Method.chain(gamma, verifier), max_new_tokens=NEW, sampling=sampling, seed=1
+  )
   return np.array(out.tokens), out
 
 
@@ -232,7 +235,9 @@ def test_consensus_trie_sampling_matches_the_target(small_vocab):
   engine = Engine(params, cfg, eos_id=-1, cache_size=24, drafter=drafter)
   sampling = SamplingConfig(temperature=1.0)
   spec = tree_lib.TreeSpec(size=6, depth=3, width=3)
-  out = engine.generate([PROMPT] * N, NEW, sampling, seed=1, tree=spec)
+  out = engine.generate(
+    [PROMPT] * N, Method.tree(spec), max_new_tokens=NEW, sampling=sampling, seed=1
+  )
   assert sum(map(sum, out.accepted)) > 0.2 * N
   assert chi_square_pvalue(np.array(out.tokens), exact_continuations(*small_vocab, sampling)) > 1e-3
 
@@ -259,7 +264,7 @@ def test_the_chi_square_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
 def test_a_batch_that_is_not_a_multiple_of_the_group_is_refused(target):
   engine = consensus_engine(target, group=3)
   with pytest.raises(ValueError, match='groups 3 consecutive rows .* batch has 4 rows'):
-    engine.generate([[1, 2]] * 4, 8, gamma=2)
+    engine.generate([[1, 2]] * 4, Method.chain(2), max_new_tokens=8)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.decode import loop
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.decode.prefill import prefill
 from specjax.drafters.dflash import DFlashDrafter, RandomSettings, committed_length
 from specjax.models import dflash as dflash_model
@@ -121,14 +122,14 @@ def test_the_drafter_in_the_loop_proposes_what_a_fresh_forward_does(adaptive):
     adaptive_cfg = AdaptiveConfig(
       gammas=(1, gamma), draft_cost=(0.4, 1.2), verify_cost=(1.1, 1.3), probe_every=3
     )
-    method = loop.Method(gamma=gamma, verifier='greedy', drafter=drafter, adaptive=adaptive_cfg)
+    method = Method.adaptive(adaptive_cfg, 'greedy')
   else:
-    method = loop.Method(gamma=gamma, verifier='greedy', drafter=drafter)
+    method = Method.chain(gamma, 'greedy')
   greedy, t1 = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
   all_params = {'target': params, 'draft': {'block': dp, 'embed': params['embed']}}
   prompts = [[t % 8 for t in PROMPTS[1]], [t % 8 for t in PROMPTS[3]] + [0] * 6]
   lens = jnp.asarray([len(PROMPTS[1]), len(PROMPTS[3])])
-  kw = dict(cfg=cfg, method=method, sampling=greedy, eos_id=-1)
+  kw = dict(cfg=cfg, method=method, drafter=drafter, sampling=greedy, eos_id=-1)
   state = prefill(
     all_params,
     jnp.asarray(prompts),
@@ -176,11 +177,16 @@ def test_dflash_greedy_equals_target_greedy(target, verifier):
     drafter=DFlashDrafter(dc),
     draft_params={'block': dp, 'embed': params['embed']},
   )
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for gamma in (1, 3):
-    assert engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier).tokens == reference
+    assert (
+      engine.generate(PROMPTS, Method.chain(gamma, verifier), max_new_tokens=24).tokens == reference
+    )
   adaptive = AdaptiveConfig(gammas=(1, 3))
-  assert engine.generate(PROMPTS, 24, adaptive=adaptive, verifier=verifier).tokens == reference
+  assert (
+    engine.generate(PROMPTS, Method.adaptive(adaptive, verifier), max_new_tokens=24).tokens
+    == reference
+  )
 
 
 def test_gamma_beyond_the_block_is_refused(target):
@@ -195,7 +201,7 @@ def test_gamma_beyond_the_block_is_refused(target):
     draft_params={'block': dp, 'embed': params['embed']},
   )
   with pytest.raises(ValueError, match='at most 3 tokens'):
-    engine.generate(PROMPTS[:1], 8, gamma=4)
+    engine.generate(PROMPTS[:1], Method.chain(4), max_new_tokens=8)
 
 
 @pytest.mark.parametrize('verifier', ['rejection', 'block'])
@@ -218,7 +224,9 @@ def test_dflash_sampling_is_lossless(verifier):
   )
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(cfg, params, sampling)
-  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, gamma=3, verifier=verifier)
+  out = engine.generate(
+    [[1, 5, 2]] * 30000, Method.chain(3, verifier), max_new_tokens=3, sampling=sampling, seed=0
+  )
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 
 
@@ -282,5 +290,5 @@ def test_an_untrained_default_runs_through_the_registry(target):
   )
   assert 'untrained' in drafter.name and drafter.feature_layers == drafter.cfg.capture
   engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
-  reference = engine.generate(PROMPTS[:2], 12).tokens
-  assert engine.generate(PROMPTS[:2], 12, gamma=2).tokens == reference
+  reference = engine.generate(PROMPTS[:2], max_new_tokens=12).tokens
+  assert engine.generate(PROMPTS[:2], Method.chain(2), max_new_tokens=12).tokens == reference

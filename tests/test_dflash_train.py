@@ -17,6 +17,7 @@ from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.decode import loop
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.decode.prefill import prefill
 from specjax.drafters.dflash import DFlashDrafter, committed_length
 from specjax.models import dflash as dflash_model
@@ -52,10 +53,10 @@ def run_loop(cfg, params, dc, dp, prompts, lens, iterations, gamma):
   """Greedy speculative decoding with the drafter; per iteration, each row's committed
   length (the anchor's position) and the drafter's greedy tokens and T = 1 q."""
   drafter = DFlashDrafter(dc)
-  method = loop.Method(gamma=gamma, verifier='greedy', drafter=drafter)
+  method = Method.chain(gamma, 'greedy')
   greedy, t1 = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
   all_params = {'target': params, 'draft': {'block': dp, 'embed': params['embed']}}
-  kw = dict(cfg=cfg, method=method, sampling=greedy, eos_id=-1)
+  kw = dict(cfg=cfg, method=method, drafter=drafter, sampling=greedy, eos_id=-1)
   state = prefill(
     all_params, jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray([40, 40]),
     jax.random.key(0), cache_size=64, out_len=48, **kw,
@@ -203,9 +204,9 @@ def test_a_run_writes_metrics_and_a_drafter_that_decodes_losslessly(runs):
     draft_params=draft_params,
   )  # fmt: skip
   prompts = [target.tokenizer.encode_chat(p) for p in ('Hello there', 'def f(x):')]
-  reference = engine.generate(prompts, 24).tokens
+  reference = engine.generate(prompts, max_new_tokens=24).tokens
   for gamma in (1, 3):
-    assert engine.generate(prompts, 24, gamma=gamma).tokens == reference
+    assert engine.generate(prompts, Method.chain(gamma), max_new_tokens=24).tokens == reference
 
 
 def test_an_interrupted_run_resumes_to_the_same_parameters(runs):

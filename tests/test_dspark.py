@@ -15,8 +15,9 @@ from specjax.checkpoints import loader
 from specjax.control import scheduled
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
-from specjax.decode import loop
+from specjax.decode import method as method_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.decode.prefill import prefill
 from specjax.drafters.dflash import DFlashDrafter
 from specjax.drafters.dspark import DSparkDrafter
@@ -58,13 +59,13 @@ def test_the_chain_is_the_markov_heads_distributions_over_the_drawn_tokens():
   dc, dp = make_drafter(target, block=5, vocab_ids=[0, 1, 2, 4, 5, 7], seed=1)
   heads = trained_heads(cfg, dc)
   drafter = DSparkDrafter(dc)
-  method = loop.Method(gamma=4, verifier='rejection', drafter=drafter)
+  method = Method.chain(4)
   draft_params = {'block': dp, 'embed': params['embed'], 'heads': heads}
   t1 = SamplingConfig(temperature=1.0)
   state = prefill(
     {'target': params, 'draft': draft_params}, jnp.asarray([PROMPTS[1], PROMPTS[3] + [0] * 6]) % 8,
     jnp.asarray([len(PROMPTS[1]), len(PROMPTS[3])]), jnp.asarray([20, 20]), jax.random.key(0),
-    cfg=cfg, method=method, sampling=t1, eos_id=-1, cache_size=64, out_len=24,
+    cfg=cfg, method=method, drafter=drafter, sampling=t1, eos_id=-1, cache_size=64, out_len=24,
   )  # fmt: skip
   ds, key = state.spec.draft, jax.random.key(3)
   tokens, q, _ = drafter.propose(draft_params, ds, state, key, 4, t1)
@@ -93,9 +94,11 @@ def test_dspark_greedy_equals_target_greedy(verifier):
   cfg, params = target
   dc, dp = make_drafter(target, block=4)
   engine = engine_for(target, dc, dp, trained_heads(cfg, dc))
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for gamma in (1, 3):
-    assert engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier).tokens == reference
+    assert (
+      engine.generate(PROMPTS, Method.chain(gamma, verifier), max_new_tokens=24).tokens == reference
+    )
 
 
 @pytest.mark.parametrize('verifier', ['rejection'])  # (block verification: test_dflash.py)
@@ -111,7 +114,9 @@ def test_dspark_sampling_is_lossless(verifier):
   engine = engine_for(target, dc, dp, trained_heads(cfg, dc), cache_size=16)
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(cfg, params, sampling)
-  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, gamma=3, verifier=verifier)
+  out = engine.generate(
+    [[1, 5, 2]] * 30000, Method.chain(3, verifier), max_new_tokens=3, sampling=sampling, seed=0
+  )
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 
 
@@ -173,15 +178,17 @@ def test_confidence_scheduled_verification_is_the_target_greedy(verifier):
   dc, dp = make_drafter(target, block=5)
   heads = trained_heads(cfg, dc)
   engine = engine_for(target, dc, dp, heads)
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   sched = AdaptiveConfig(gammas=(1, 2, 4), draft_cost=(0.3,) * 3, verify_cost=(1.1, 1.6, 2.6),
                          schedule='confidence')  # fmt: skip
-  out = engine.generate(PROMPTS, 24, adaptive=sched, verifier=verifier)
+  out = engine.generate(PROMPTS, Method.adaptive(sched, verifier), max_new_tokens=24)
   assert out.tokens == reference
   drafted = {d for row in out.drafted for d in row}
   assert len(drafted) > 1, drafted  # the schedule moved between settings
   sure = dict(heads, conf_b=np.float32(20.0), conf_w=np.zeros_like(heads['conf_w']))
-  out = engine_for(target, dc, dp, sure).generate(PROMPTS, 24, adaptive=sched, verifier=verifier)
+  out = engine_for(target, dc, dp, sure).generate(
+    PROMPTS, Method.adaptive(sched, verifier), max_new_tokens=24
+  )
   assert out.tokens == reference
   assert {d for row in out.drafted for d in row} == {4}
 
@@ -199,7 +206,9 @@ def test_confidence_scheduled_sampling_is_lossless():
   probs = exact_continuations(cfg, params, sampling)
   sched = AdaptiveConfig(gammas=(1, 3), draft_cost=(0.3, 0.3), verify_cost=(1.05, 1.2),
                          schedule='confidence')  # fmt: skip
-  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, adaptive=sched)
+  out = engine.generate(
+    [[1, 5, 2]] * 30000, Method.adaptive(sched), max_new_tokens=3, sampling=sampling, seed=0
+  )
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 
 
@@ -208,7 +217,7 @@ def test_a_confidence_schedule_needs_a_confidence_head():
   dc, _ = make_drafter(target, block=5)
   sched = AdaptiveConfig(gammas=(1, 2), schedule='confidence')
   with pytest.raises(ValueError, match='needs a drafter with a confidence head'):
-    loop.Method(gamma=2, drafter=DFlashDrafter(dc), adaptive=sched)
+    method_lib.check(Method.adaptive(sched), DFlashDrafter(dc))
 
 
 def test_a_scheduled_method_runs_through_the_harness(tmp_path):
@@ -242,12 +251,12 @@ def test_trees_from_block_marginals_are_the_target_greedy(kind):
                     draft_params={'block': dp, 'embed': params['embed']})  # fmt: skip
   else:
     engine = engine_for(target, dc, dp, trained_heads(cfg, dc))
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for text in ('2x2x1', 'dynamic:8-3-3'):
-    out = engine.generate(PROMPTS, 24, tree=tree_lib.parse_tree(text))
+    out = engine.generate(PROMPTS, Method.tree(tree_lib.parse_tree(text)), max_new_tokens=24)
     assert out.tokens == reference, text
   with pytest.raises(ValueError, match='trees of depth at most 4'):
-    engine.generate(PROMPTS, 8, tree=tree_lib.parse_tree('chain:5'))
+    engine.generate(PROMPTS, Method.tree(tree_lib.parse_tree('chain:5')), max_new_tokens=8)
 
 
 def test_dspark_tree_sampling_is_lossless():
@@ -263,5 +272,7 @@ def test_dspark_tree_sampling_is_lossless():
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(cfg, params, sampling)
   spec = tree_lib.parse_tree('2x2x1')
-  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, tree=spec)
+  out = engine.generate(
+    [[1, 5, 2]] * 30000, Method.tree(spec), max_new_tokens=3, sampling=sampling, seed=0
+  )
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3

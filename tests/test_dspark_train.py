@@ -21,6 +21,7 @@ from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.decode import loop
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.decode.prefill import prefill
 from specjax.drafters.dflash import committed_length
 from specjax.drafters.dspark import DSparkDrafter
@@ -36,10 +37,10 @@ def run_loop(cfg, params, dc, draft_params, prompts, lens, iterations, gamma):
   """Greedy speculative decoding with a DSpark drafter; per iteration, each row's committed
   length (the anchor's position), the drafter's greedy tokens, its T = 1 draws and their q."""
   drafter = DSparkDrafter(dc)
-  method = loop.Method(gamma=gamma, verifier='greedy', drafter=drafter)
+  method = Method.chain(gamma, 'greedy')
   greedy, t1 = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
   all_params = {'target': params, 'draft': draft_params}
-  kw = dict(cfg=cfg, method=method, sampling=greedy, eos_id=-1)
+  kw = dict(cfg=cfg, method=method, drafter=drafter, sampling=greedy, eos_id=-1)
   state = prefill(
     all_params, jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray([40, 40]),
     jax.random.key(0), cache_size=64, out_len=48, **kw,
@@ -217,8 +218,8 @@ def test_heads_round_trip_in_deepspecs_names(tmp_path):
   assert all((sharded / f).stat().st_size <= 4096 + 2048 for f in files)  # header aside
   again = dspark_ckpt.load(sharded)
   jax.tree.map(np.testing.assert_array_equal, again[1:3], (block, got))
-  (sharded / files[-1]).unlink()  # a shard gone: not a drafter, said so
-  with pytest.raises(ValueError, match='no DSpark drafter at'):
+  (sharded / files[-1]).unlink()  # a shard gone: the error names it
+  with pytest.raises(ValueError, match=f'names {files[-1]}, which is not in the directory'):
     registry.parse_draft(f'dspark:{sharded}')
   plain = tmp_path / 'plain'
   dflash_ckpt.save(plain, dc, dp)
@@ -252,8 +253,12 @@ def test_heads_alone_learn_on_a_trained_block_that_stays_as_it_was(run, tmp_path
 
   start = run[0] / 'drafter'
   monkeypatch.setenv('SPECJAX_CACHE', str(run[2]))  # the run's labelled features
-  with pytest.raises(ValueError, match='freeze_block needs drafter.init_from'):
-    trainer.train(dspark_smollm2.get_config('tiny,steps=2,freeze_block=True'), tmp_path)
+  from specjax.train import dflash_block
+
+  with pytest.MonkeyPatch.context() as mp:  # refused before the target and features load
+    mp.setattr(dflash_block, 'setup', lambda *a: pytest.fail('setup ran before the check'))
+    with pytest.raises(ValueError, match='freeze_block needs drafter.init_from'):
+      trainer.train(dspark_smollm2.get_config('tiny,steps=2,freeze_block=True'), tmp_path)
   config = dspark_smollm2.get_config(f'tiny,steps=3,init_from={start},freeze_block=True')
   config.eval_every = 3
   trainer.train(config, tmp_path, progress_bar=False)
@@ -285,11 +290,11 @@ def test_a_run_reports_calibration_and_saves_a_drafter_that_decodes_losslessly(r
     draft_params=draft_params,
   )  # fmt: skip
   prompts = [target.tokenizer.encode_chat(p) for p in ('Hello there', 'def f(x):')]
-  reference = engine.generate(prompts, 24).tokens
-  assert engine.generate(prompts, 24, gamma=3).tokens == reference
+  reference = engine.generate(prompts, max_new_tokens=24).tokens
+  assert engine.generate(prompts, Method.chain(3), max_new_tokens=24).tokens == reference
   sched = AdaptiveConfig(gammas=(1, 3), draft_cost=(0.3, 0.3), verify_cost=(1.1, 1.4),
                          schedule='confidence')  # fmt: skip
-  assert engine.generate(prompts, 24, adaptive=sched).tokens == reference
+  assert engine.generate(prompts, Method.adaptive(sched), max_new_tokens=24).tokens == reference
 
 
 def test_the_config_shares_the_dflash_drafters_data_and_block():

@@ -15,6 +15,7 @@ from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.decode import loop
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.decode.prefill import prefill
 from specjax.drafters.eagle import EagleDrafter
 from specjax.models import eagle as eagle_model
@@ -122,14 +123,14 @@ def test_the_drafter_in_the_loop_proposes_what_a_fresh_head_does(adaptive):
     adaptive_cfg = AdaptiveConfig(
       gammas=(1, gamma), draft_cost=(0.4, 1.2), verify_cost=(1.1, 1.3), probe_every=3
     )
-    method = loop.Method(gamma=gamma, verifier='greedy', drafter=drafter, adaptive=adaptive_cfg)
+    method = Method.adaptive(adaptive_cfg, 'greedy')
   else:
-    method = loop.Method(gamma=gamma, verifier='greedy', drafter=drafter)
+    method = Method.chain(gamma, 'greedy')
   sampling = SamplingConfig(temperature=0.0)
   all_params = {'target': params, 'draft': {'head': hp, 'embed': params['embed']}}
   prompts = [[t % 8 for t in PROMPTS[1]], [t % 8 for t in PROMPTS[3]] + [0] * 6]
   lens = jnp.asarray([len(PROMPTS[1]), len(PROMPTS[3])])
-  kw = dict(cfg=cfg, method=method, sampling=sampling, eos_id=-1)
+  kw = dict(cfg=cfg, method=method, drafter=drafter, sampling=sampling, eos_id=-1)
   state = prefill(
     all_params,
     jnp.asarray(prompts),
@@ -175,11 +176,16 @@ def test_eagle_greedy_equals_target_greedy(target, verifier):
     drafter=EagleDrafter(hc),
     draft_params={'head': hp, 'embed': params['embed']},
   )
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for gamma in (1, 2, 4):
-    assert engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier).tokens == reference
+    assert (
+      engine.generate(PROMPTS, Method.chain(gamma, verifier), max_new_tokens=24).tokens == reference
+    )
   adaptive = AdaptiveConfig(gammas=(1, 3))
-  assert engine.generate(PROMPTS, 24, adaptive=adaptive, verifier=verifier).tokens == reference
+  assert (
+    engine.generate(PROMPTS, Method.adaptive(adaptive, verifier), max_new_tokens=24).tokens
+    == reference
+  )
 
 
 def test_gamma_beyond_the_feature_ring_is_refused(target):
@@ -194,7 +200,7 @@ def test_gamma_beyond_the_feature_ring_is_refused(target):
     draft_params={'head': hp, 'embed': params['embed']},
   )
   with pytest.raises(ValueError, match='larger ring'):
-    engine.generate(PROMPTS[:1], 8, gamma=4)
+    engine.generate(PROMPTS[:1], Method.chain(4), max_new_tokens=8)
 
 
 def small_vocab_head_engine(cache_size: int = 16):
@@ -224,7 +230,9 @@ def test_eagle_sampling_is_lossless():
   engine, (cfg, params) = small_vocab_head_engine()
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(cfg, params, sampling)
-  out = engine.generate([[1, 5, 2]] * 30000, 3, sampling, seed=0, gamma=2, verifier='rejection')
+  out = engine.generate(
+    [[1, 5, 2]] * 30000, Method.chain(2, 'rejection'), max_new_tokens=3, sampling=sampling, seed=0
+  )
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 
 

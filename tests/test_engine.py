@@ -29,28 +29,30 @@ def naive_greedy(engine, prompt, n):
 
 
 def test_greedy_matches_uncached_reference(engine):
-  out = engine.generate([PROMPTS[0]], 12)
+  out = engine.generate([PROMPTS[0]], max_new_tokens=12)
   assert out.tokens[0] == naive_greedy(engine, PROMPTS[0], 12)
   assert out.steps == 11  # the first token comes from prefill
 
 
 def test_batch_of_different_lengths_equals_each_row_alone(engine):
-  batch = engine.generate(PROMPTS, 16)
+  batch = engine.generate(PROMPTS, max_new_tokens=16)
   for prompt, row in zip(PROMPTS, batch.tokens):
-    assert engine.generate([prompt], 16).tokens[0] == row
+    assert engine.generate([prompt], max_new_tokens=16).tokens[0] == row
 
 
 def test_per_row_max_new_tokens(engine):
-  out = engine.generate(PROMPTS, [3, 9, 1])
+  out = engine.generate(PROMPTS, max_new_tokens=[3, 9, 1])
   assert [len(t) for t in out.tokens] == [3, 9, 1]
-  full = engine.generate(PROMPTS, 9)
+  full = engine.generate(PROMPTS, max_new_tokens=9)
   assert all(full.tokens[i][: len(t)] == t for i, t in enumerate(out.tokens))
 
 
 def test_eos_stops_its_row_only(engine):
-  free = engine.generate(PROMPTS, 12).tokens
+  free = engine.generate(PROMPTS, max_new_tokens=12).tokens
   eos = free[0][4]  # make row 0's fifth token the EOS
-  stopped = Engine(engine.params, engine.cfg, eos_id=eos, cache_size=128).generate(PROMPTS, 12)
+  stopped = Engine(engine.params, engine.cfg, eos_id=eos, cache_size=128).generate(
+    PROMPTS, max_new_tokens=12
+  )
   for row, free_row in zip(stopped.tokens, free):
     cut = free_row.index(eos) + 1 if eos in free_row else len(free_row)
     assert row == free_row[:cut]
@@ -59,16 +61,18 @@ def test_eos_stops_its_row_only(engine):
 
 def test_sampling_is_deterministic_per_seed(engine):
   s = sampling_lib.SamplingConfig(temperature=1.0, top_k=20, top_p=0.95)
-  a = engine.generate(PROMPTS, 20, s, seed=7).tokens
-  assert engine.generate(PROMPTS, 20, s, seed=7).tokens == a
-  assert engine.generate(PROMPTS, 20, s, seed=8).tokens != a
+  a = engine.generate(PROMPTS, max_new_tokens=20, sampling=s, seed=7).tokens
+  assert engine.generate(PROMPTS, max_new_tokens=20, sampling=s, seed=7).tokens == a
+  assert engine.generate(PROMPTS, max_new_tokens=20, sampling=s, seed=8).tokens != a
 
 
 def test_new_prompt_length_in_same_bucket_does_not_recompile(engine):
-  engine.generate([[1, 2, 3]], 8)
+  engine.generate([[1, 2, 3]], max_new_tokens=8)
   prefill, _ = next(reversed(engine._compiled.values()))
   before = prefill._cache_size()
-  assert engine.generate([[5, 6, 7, 8, 9, 10]], 8).compile_seconds == 0  # still bucket 16
+  assert (
+    engine.generate([[5, 6, 7, 8, 9, 10]], max_new_tokens=8).compile_seconds == 0
+  )  # still bucket 16
   assert prefill._cache_size() == before == 1
 
 
@@ -85,18 +89,18 @@ def test_executables_of_the_least_recently_used_shapes_are_freed(monkeypatch):
   monkeypatch.setattr(engine_lib, 'MAX_COMPILED', 2)
   cfg, params = testing.tiny_model(seed=3)
   e = Engine(params, cfg, eos_id=-1, cache_size=128)
-  first = e.generate([[1, 2, 3]], 4)
+  first = e.generate([[1, 2, 3]], max_new_tokens=4)
   alive = weakref.ref(next(iter(e._compiled.values()))[1])
-  e.generate([[1] * 20], 4)  # prompt bucket 32
-  e.generate([[1] * 40], 4)  # 64: the first shape is dropped
+  e.generate([[1] * 20], max_new_tokens=4)  # prompt bucket 32
+  e.generate([[1] * 40], max_new_tokens=4)  # 64: the first shape is dropped
   gc.collect()
   assert len(e._compiled) == 2 and alive() is None
-  again = e.generate([[1, 2, 3]], 4)
+  again = e.generate([[1, 2, 3]], max_new_tokens=4)
   assert again.compile_seconds > 0 and again.tokens == first.tokens
   # Another method's shapes never evict these: each method keeps its own recent ones.
-  e.generate([[1, 2, 3]], 4, sampling_lib.SamplingConfig(1.0), seed=1)
+  e.generate([[1, 2, 3]], max_new_tokens=4, sampling=sampling_lib.SamplingConfig(1.0), seed=1)
   assert len(e._compiled) == 3
-  assert e.generate([[1] * 40], 4).compile_seconds == 0
+  assert e.generate([[1] * 40], max_new_tokens=4).compile_seconds == 0
 
 
 @pytest.mark.parametrize(
@@ -111,7 +115,7 @@ def test_executables_of_the_least_recently_used_shapes_are_freed(monkeypatch):
 )
 def test_bad_input_is_named(engine, prompts, max_new, match):
   with pytest.raises(ValueError, match=match):
-    engine.generate(prompts, max_new)
+    engine.generate(prompts, max_new_tokens=max_new)
 
 
 def test_cache_larger_than_context_is_refused():
@@ -129,4 +133,4 @@ def test_non_finite_target_logits_are_an_error():
   params = dict(params, final_norm=params['final_norm'].at[0].set(jnp.nan))
   engine = Engine(params, cfg, eos_id=-1, cache_size=128)
   with pytest.raises(NonFiniteLogits, match=r'non-finite logits .* rows \[0, 1\].* float32'):
-    engine.generate(PROMPTS[:2], 4)
+    engine.generate(PROMPTS[:2], max_new_tokens=4)

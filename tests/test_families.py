@@ -17,6 +17,7 @@ import pytest
 
 from specjax.checkpoints import hf
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, truncated_target
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
@@ -142,7 +143,7 @@ def test_greedy_continuation_matches_transformers(checkpoints, name):
 
   cfg, params = _load(checkpoints, name)
   engine = Engine(params, cfg, eos_id=-1, cache_size=64)
-  got = engine.generate(PROMPTS, 16).tokens
+  got = engine.generate(PROMPTS, max_new_tokens=16).tokens
   model = checkpoints[name][1]
   for prompt, tokens in zip(PROMPTS, got):
     with torch.no_grad():
@@ -179,11 +180,11 @@ def test_speculative_greedy_equals_target_greedy(checkpoints, name):
   engine = Engine(
     params, cfg, eos_id=-1, cache_size=96, drafter=ModelDrafter(draft_cfg), draft_params=draft
   )
-  reference = engine.generate(PROMPTS, 24).tokens
-  assert engine.generate(PROMPTS, 24, gamma=3, verifier='greedy').tokens == reference
-  assert engine.generate(PROMPTS, 24, tree=parse_tree('2x2x1'), verifier='greedy').tokens == (
-    reference
-  )
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
+  assert engine.generate(PROMPTS, Method.chain(3, 'greedy'), max_new_tokens=24).tokens == reference
+  assert engine.generate(
+    PROMPTS, Method.tree(parse_tree('2x2x1'), 'greedy'), max_new_tokens=24
+  ).tokens == (reference)
   # The draft's layers keep their own kinds (sliding or full) and RoPE.
   assert draft_cfg.layer_types == cfg.layer_types[:2]
 

@@ -16,6 +16,7 @@ import pytest
 from specjax.checkpoints import loader
 from specjax.data import assets
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters.ngram import NgramDrafter
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
@@ -122,7 +123,7 @@ def greedy(ours, params):
   prompts = [ours.tokenizer.encode_text(t) for t in (FRANCE, ONE_SHOT, CODE_EDIT)]
   drafter = NgramDrafter(ours.cfg.vocab_size)
   engine = Engine(params, ours.cfg, eos_id=ours.tokenizer.eos_id, cache_size=64, drafter=drafter)
-  return prompts, engine, engine.generate(prompts, 16).tokens
+  return prompts, engine, engine.generate(prompts, max_new_tokens=16).tokens
 
 
 def test_greedy_continuation_is_transformers(ours, theirs, greedy):
@@ -143,5 +144,5 @@ def test_greedy_continuation_is_transformers(ours, theirs, greedy):
 
 def test_prompt_lookup_greedy_is_plain_greedy(greedy):
   prompts, engine, plain = greedy
-  spec = engine.generate(prompts, 16, gamma=4, verifier='greedy')
+  spec = engine.generate(prompts, Method.chain(4, 'greedy'), max_new_tokens=16)
   assert spec.tokens == plain

@@ -1,7 +1,13 @@
 """The CPU kernels (specjax/kernels): every instruction-set path equals XLA's product, the
 measured dispatch keeps the faster path, and the library cache is keyed and checked."""
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
+import time
+import types
 import warnings
 
 import gguf
@@ -12,6 +18,7 @@ import pytest
 
 from specjax import testing
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, truncated_target
 from specjax.kernels import cpu
 from specjax.models import llama, quant
@@ -241,6 +248,71 @@ def test_forward_choices_keep_near_ties_and_ignore_what_they_cannot_read(fresh, 
     assert cpu.tuned('m', 1) is None and cpu.tuned('m', 2) is None
 
 
+def test_the_load_of_other_processes_is_their_share_of_the_cpus(monkeypatch):
+  # Scripted /proc readings: 2 CPUs at 100 ticks a second for 1 s are 200 ticks; the
+  # machine was busy 150 of them, 50 of which this process's: others took 100, a half.
+  readings = iter([(1000, 50), (1150, 100)])
+  clock = iter([0.0, 1.0])
+  monkeypatch.setattr(cpu, '_jiffies', lambda: next(readings))
+  monkeypatch.setattr(cpu, 'time', types.SimpleNamespace(monotonic=lambda: next(clock)))
+  monkeypatch.setattr(cpu.os, 'cpu_count', lambda: 2)
+  monkeypatch.setattr(cpu.os, 'sysconf', lambda name: 100)
+  with cpu.others_load() as load:
+    pass
+  assert load == [0.5]
+
+
+def test_a_busy_sibling_process_is_seen():
+  if cpu._jiffies() is None:
+    pytest.skip('no /proc here')
+  burner = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+  try:
+    time.sleep(0.5)  # started
+    with cpu.others_load() as load:
+      time.sleep(1.0)  # this process idle
+  finally:
+    burner.kill()
+  assert load and load[0] >= 0.8 / os.cpu_count(), load  # one CPU of os.cpu_count()
+
+
+def test_a_choice_timed_on_a_busy_machine_is_timed_again_once_it_is_quiet(fresh, monkeypatch):
+  isa = cpu.supported()[0]
+  if isa == 'scalar':
+    pytest.skip('no vector path on this CPU: auto dispatch never considers scalar')
+  calls, load = [], [0.6]
+
+  def timing(kernel_s, xla_s):
+    return lambda kernel, xla, args: (calls.append(1), (kernel_s, xla_s))[1]
+
+  @contextlib.contextmanager
+  def others():
+    yield list(load)
+
+  monkeypatch.setattr(cpu, 'others_load', others)
+  monkeypatch.setattr(cpu, '_time_both', timing(3e-4, 2e-4))  # busy: XLA looks faster
+  assert cpu.path('kn', 1536, 576, 2) is None and len(calls) == 1
+  saved = lambda: json.loads(next(fresh.glob('dispatch-*.json')).read_text())
+  assert saved()['kn 1536x576 rows<=2']['busy'] == 0.6
+  new_process = lambda quiet: cpu._state.update(decisions={}, quiet=quiet)
+  new_process(quiet=False)  # still busy: the choice holds, untimed
+  assert cpu.path('kn', 1536, 576, 2) is None and len(calls) == 1
+  new_process(quiet=True)  # quiet now: timed again, and the quiet timing kept
+  load[:] = [0.05]
+  monkeypatch.setattr(cpu, '_time_both', timing(1e-4, 2e-4))
+  assert cpu.path('kn', 1536, 576, 2) == isa and len(calls) == 2
+  assert saved()['kn 1536x576 rows<=2']['busy'] == 0.05
+  new_process(quiet=True)
+  assert cpu.path('kn', 1536, 576, 2) == isa and len(calls) == 2
+  # The same for a forward-level choice.
+  policies = cpu.policies()
+  ms = {'auto': 10.0, policies[1]: 9.0, 'xla': 12.0}
+  assert cpu.tune('m', 1, ms, ['kn 1536x576 rows<=1'], busy=0.5)['busy'] == 0.5
+  new_process(quiet=False)
+  assert cpu.tuned('m', 1)['use'] == policies[1]
+  new_process(quiet=True)
+  assert cpu.tuned('m', 1) is None
+
+
 def test_the_real_timer_times_both(fresh):
   if cpu.supported()[0] == 'scalar':
     pytest.skip('no vector path on this CPU')
@@ -334,9 +406,11 @@ def test_speculative_greedy_equals_target_greedy_on_each_path(isa, monkeypatch):
   engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=ModelDrafter(draft_cfg),
                   draft_params=draft_params)  # fmt: skip
   prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7], [7]]
-  reference = engine.generate(prompts, 16).tokens
+  reference = engine.generate(prompts, max_new_tokens=16).tokens
   for gamma in (2, 4):
-    assert engine.generate(prompts, 16, gamma=gamma, verifier='greedy').tokens == reference
+    assert (
+      engine.generate(prompts, Method.chain(gamma, 'greedy'), max_new_tokens=16).tokens == reference
+    )
 
 
 @pytest.mark.parametrize('isa', PATHS)

@@ -13,6 +13,7 @@ from specjax import registry, testing, verify
 from specjax.control import adaptive
 from specjax.core.sampling import SamplingConfig
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
 from specjax.drafters import multilevel as ml
 from specjax.verify import common
@@ -56,15 +57,15 @@ def test_multilevel_greedy_equals_target_greedy(target, lower):
   cfg, params = target
   drafter, draft_params = levels(target, lower)
   engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
-  reference = engine.generate(PROMPTS, 20).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=20).tokens
   for gamma in (1, 2, 5):
-    out = engine.generate(PROMPTS, 20, gamma=gamma, verifier='greedy')
+    out = engine.generate(PROMPTS, Method.chain(gamma, 'greedy'), max_new_tokens=20)
     assert out.tokens == reference, gamma
   jumpy = adaptive.AdaptiveConfig(
     gammas=(2, 4), draft_cost=(0.3, 0.6), prior_alpha=0.0, hysteresis=0.0, probe_every=2,
     start_on=False, decay=0.5,
   )  # fmt: skip
-  out = engine.generate(PROMPTS, 20, adaptive=jumpy, verifier='greedy')
+  out = engine.generate(PROMPTS, Method.adaptive(jumpy, 'greedy'), max_new_tokens=20)
   assert out.tokens == reference
   assert {0} < {d for row in out.drafted for d in row}  # plain steps and drafts both ran
 
@@ -92,7 +93,9 @@ def _proposals(upper, lower, sampling, seed=0):
     params, cfg, eos_id=-1, cache_size=16, drafter=drafter,
     draft_params={'upper': params, 'lower': low_params},
   )  # fmt: skip
-  out = engine.generate([spec.PROMPT] * spec.N, 3, sampling, seed=seed, gamma=2, verifier='keep')
+  out = engine.generate(
+    [spec.PROMPT] * spec.N, Method.chain(2, 'keep'), max_new_tokens=3, sampling=sampling, seed=seed
+  )
   return np.array(out.tokens)
 
 
@@ -132,7 +135,9 @@ def test_multilevel_sampling_matches_the_target():
     target[1], target[0], eos_id=-1, cache_size=16, drafter=drafter,
     draft_params={'upper': upper[1], 'lower': lower[1]},
   )  # fmt: skip
-  out = engine.generate([spec.PROMPT] * spec.N, 3, sampling, seed=1, gamma=2)
+  out = engine.generate(
+    [spec.PROMPT] * spec.N, Method.chain(2), max_new_tokens=3, sampling=sampling, seed=1
+  )
   probs = spec.exact_continuations(*target, sampling)
   assert spec.chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 

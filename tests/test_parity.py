@@ -45,7 +45,7 @@ def test_greedy_continuations_match_transformers(smollm2, engine, hf_smollm2):
   tok = smollm2.tokenizer
   for chat in CHATS:
     ids = tok.encode_chat(chat)
-    ours = engine.generate([ids], 32).tokens[0]
+    ours = engine.generate([ids], max_new_tokens=32).tokens[0]
     with torch.inference_mode():
       out = hf_smollm2.generate(
         torch.tensor([ids]),
@@ -60,14 +60,14 @@ def test_greedy_continuations_match_transformers(smollm2, engine, hf_smollm2):
 
 def test_real_batch_of_different_lengths_equals_rows_alone(smollm2, engine):
   prompts = [smollm2.tokenizer.encode_chat(c) for c in CHATS]
-  batch = engine.generate(prompts, 24).tokens
+  batch = engine.generate(prompts, max_new_tokens=24).tokens
   assert len({len(p) for p in prompts}) > 1
   for prompt, row in zip(prompts, batch):
-    assert engine.generate([prompt], 24).tokens[0] == row
+    assert engine.generate([prompt], max_new_tokens=24).tokens[0] == row
 
 
 def test_capital_of_france(smollm2, engine):
   tok = smollm2.tokenizer
-  out = engine.generate([tok.encode_chat('What is the capital of France?')], 32)
+  out = engine.generate([tok.encode_chat('What is the capital of France?')], max_new_tokens=32)
   assert 'Paris' in tok.decode(out.tokens[0])
   assert out.tokens[0][-1] == tok.eos_id  # it answered and stopped

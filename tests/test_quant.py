@@ -8,6 +8,7 @@ import pytest
 
 from specjax import registry
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import model as model_drafters
 from specjax.kernels import cpu as cpu_kernels
 from specjax.models import llama, quant
@@ -146,8 +147,8 @@ def test_the_quantized_draft_keeps_greedy_output_and_is_accepted(gamma):
     _Tiny.params, CFG, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params
   )
   prompts = [[5, 17, 99, 3], [7, 8, 9, 10, 11, 12, 13]]  # ragged
-  reference = engine.generate(prompts, 20).tokens
-  out = engine.generate(prompts, 20, gamma=gamma, verifier='greedy')
+  reference = engine.generate(prompts, max_new_tokens=20).tokens
+  out = engine.generate(prompts, Method.chain(gamma, 'greedy'), max_new_tokens=20)
   assert out.tokens == reference
   assert out.acceptance_rate > 0.5  # the same model, rounded
 

@@ -514,7 +514,7 @@ def test_near_ties_are_counted_at_the_first_divergence():
   cfg, params = testing.tiny_model(seed=3)
   engine = Engine(params, cfg, eos_id=-1, cache_size=64)
   prompt = [1, 2, 3]
-  base = {'tokens': engine.generate([prompt], 6).tokens[0]}
+  base = {'tokens': engine.generate([prompt], max_new_tokens=6).tokens[0]}
   diverged = {'tokens': base['tokens'][:2] + [(base['tokens'][2] + 1) % 64] + base['tokens'][3:]}
   same = {'tokens': list(base['tokens'])}
   count = metrics.count_near_ties

@@ -29,9 +29,10 @@ SCRIPT = textwrap.dedent("""
     out = {
         'wq_spec': str(sharded.params['layers'][0]['wq'].sharding.spec),
         'wq_devices': len(sharded.params['layers'][0]['wq'].sharding.device_set),
-        'greedy': [sharded.generate(prompts, 12).tokens, single.generate(prompts, 12).tokens],
-        'sampled': [sharded.generate(prompts, 12, s, seed=3).tokens,
-                    single.generate(prompts, 12, s, seed=3).tokens],
+        'greedy': [sharded.generate(prompts, max_new_tokens=12).tokens,
+                   single.generate(prompts, max_new_tokens=12).tokens],
+        'sampled': [sharded.generate(prompts, max_new_tokens=12, sampling=s, seed=3).tokens,
+                    single.generate(prompts, max_new_tokens=12, sampling=s, seed=3).tokens],
     }
     print('RESULT' + json.dumps(out))
 """)
@@ -71,6 +72,7 @@ FAMILY_SCRIPT = textwrap.dedent("""
     from specjax.core.sampling import SamplingConfig
     from specjax.core.tree import parse_tree
     from specjax.decode.engine import Engine
+    from specjax.decode.method import Method
     from specjax.drafters import ModelDrafter, truncated_target
     from specjax.models import llama, sharding
     assert jax.device_count() == 8, jax.devices()
@@ -94,11 +96,11 @@ FAMILY_SCRIPT = textwrap.dedent("""
       kw = dict(eos_id=-1, cache_size=64, drafter=ModelDrafter(draft_cfg), draft_params=draft)
       runs = []
       for engine in (Engine(params, cfg, mesh=mesh, **kw), Engine(params, cfg, **kw)):
-        runs.append([engine.generate(prompts, 12).tokens,
-                     engine.generate(prompts, 12, gamma=3, verifier='greedy').tokens,
-                     engine.generate(prompts, 12, s, seed=3, gamma=3).tokens,
-                     engine.generate(prompts, 12, tree=parse_tree('2x2x1'),
-                                     verifier='greedy').tokens])
+        runs.append([engine.generate(prompts, max_new_tokens=12).tokens,
+                     engine.generate(prompts, Method.chain(3, 'greedy'), 12).tokens,
+                     engine.generate(prompts, Method.chain(3), 12, s, seed=3).tokens,
+                     engine.generate(prompts, Method.tree(parse_tree('2x2x1'), 'greedy'),
+                                     12).tokens])
       out[name] = runs
     print('RESULT' + json.dumps(out))
 """)
@@ -124,6 +126,7 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
     from specjax.control.adaptive import AdaptiveConfig
     from specjax.core.sampling import SamplingConfig
     from specjax.decode.engine import Engine
+    from specjax.decode.method import Method
     from specjax.drafters import ModelDrafter, truncated_target
     from specjax.drafters.consensus import ConsensusDrafter
     from specjax.drafters.dflash import DFlashDrafter
@@ -175,9 +178,12 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
     s = SamplingConfig(temperature=1.0)
     adaptive = AdaptiveConfig(gammas=(1, 2), draft_cost=(0.1, 0.2), verify_cost=(1.1, 1.2))
     mesh = sharding.make_mesh(data=4, model=2)
-    greedy = (dict(gamma=3, verifier='greedy'), dict(adaptive=adaptive, verifier='greedy'))
-    sampled = (dict(sampling=s, seed=4, adaptive=adaptive), dict(sampling=s, seed=3, gamma=3))
-    out = {'plain': Engine(params, cfg, eos_id=-1, cache_size=64).generate(prompts, 10).tokens}
+    greedy = (dict(method=Method.chain(3, 'greedy')),
+              dict(method=Method.adaptive(adaptive, 'greedy')))
+    sampled = (dict(sampling=s, seed=4, method=Method.adaptive(adaptive)),
+               dict(sampling=s, seed=3, method=Method.chain(3)))
+    plain = Engine(params, cfg, eos_id=-1, cache_size=64)
+    out = {'plain': plain.generate(prompts, max_new_tokens=10).tokens}
     for name in sys.argv[1:]:
       # Every drafter at fixed gamma (greedy) and adaptively (sampled); the draft model and
       # prompt lookup also the other way round (compiles on 8 devices dominate the time).
@@ -187,8 +193,8 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
       sharded, single = Engine(params, cfg, mesh=mesh, **kw), Engine(params, cfg, **kw)
       split = [x.sharding.spec for x in jax.tree.leaves(sharded.draft_params or {})]
       out[name] = {
-        'greedy': [sharded.generate(prompts, 10, **r).tokens for r in greedy[:n]],
-        'sampled': [[e.generate(prompts, 10, **r).tokens for e in (sharded, single)]
+        'greedy': [sharded.generate(prompts, max_new_tokens=10, **r).tokens for r in greedy[:n]],
+        'sampled': [[e.generate(prompts, max_new_tokens=10, **r).tokens for e in (sharded, single)]
                     for r in sampled[:n]],
         'draft_split': sum(any(a is not None for a in spec) for spec in split),
       }

@@ -12,6 +12,7 @@ from scipy import stats
 from specjax import registry, testing, verify
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, truncated_target
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
@@ -51,11 +52,11 @@ DRAFTS = {
 @pytest.mark.parametrize('verifier', ['greedy', 'rejection', 'block'])
 def test_speculative_greedy_equals_target_greedy(target, draft, verifier):
   engine = engine_with(target, DRAFTS[draft](target))
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for gamma in (1, 2, 4, 8):
-    batch = engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier)
+    batch = engine.generate(PROMPTS, Method.chain(gamma, verifier), max_new_tokens=24)
     assert batch.tokens == reference, (gamma, verifier)
-    alone = engine.generate(PROMPTS[1:2], 24, gamma=gamma, verifier=verifier)
+    alone = engine.generate(PROMPTS[1:2], Method.chain(gamma, verifier), max_new_tokens=24)
     assert alone.tokens[0] == reference[1]
 
 
@@ -63,7 +64,9 @@ def test_a_perfect_draft_is_always_fully_accepted(target):
   engine = engine_with(target, target)
   for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
     for verifier in ('rejection', 'block'):
-      out = engine.generate(PROMPTS, 21, sampling, gamma=4, verifier=verifier)
+      out = engine.generate(
+        PROMPTS, Method.chain(4, verifier), max_new_tokens=21, sampling=sampling
+      )
       assert all(a == [4] * 4 for a in out.accepted), out.accepted  # 1 + 4 * 5 = 21 tokens
       assert out.steps == 4 and out.acceptance_rate == 1.0
       assert [len(t) for t in out.tokens] == [21] * 4
@@ -71,7 +74,7 @@ def test_a_perfect_draft_is_always_fully_accepted(target):
 
 def test_acceptance_history_matches_the_output(target):
   engine = engine_with(target, DRAFTS['random tiny model'](target))
-  out = engine.generate(PROMPTS, [10, 17, 5, 30], gamma=3)
+  out = engine.generate(PROMPTS, Method.chain(3), max_new_tokens=[10, 17, 5, 30])
   for tokens, accepted in zip(out.tokens, out.accepted):
     assert all(0 <= a <= 3 for a in accepted)
     # every iteration emits accepted + 1 tokens, the last one clamped by max_new
@@ -81,19 +84,21 @@ def test_acceptance_history_matches_the_output(target):
 
 def test_per_row_eos_with_speculation(target):
   draft = DRAFTS['truncated target'](target)
-  free = engine_with(target, draft).generate(PROMPTS, 20).tokens
+  free = engine_with(target, draft).generate(PROMPTS, max_new_tokens=20).tokens
   eos = free[0][6]
   engine = engine_with(target, draft, eos_id=eos)
   expected = [row[: row.index(eos) + 1] if eos in row else row for row in free]
   for gamma in (2, 5):
-    assert engine.generate(PROMPTS, 20, gamma=gamma).tokens == expected
+    assert engine.generate(PROMPTS, Method.chain(gamma), max_new_tokens=20).tokens == expected
 
 
 def test_rows_that_fill_their_cache_exactly(target):
   engine = engine_with(target, DRAFTS['random tiny model'](target), cache=32)
   prompts = [[1] * 20, [2] * 3]
-  reference = engine.generate(prompts, [12, 29]).tokens  # 20 + 12 = 3 + 29 = 32 slots
-  assert engine.generate(prompts, [12, 29], gamma=8).tokens == reference
+  reference = engine.generate(
+    prompts, max_new_tokens=[12, 29]
+  ).tokens  # 20 + 12 = 3 + 29 = 32 slots
+  assert engine.generate(prompts, Method.chain(8), max_new_tokens=[12, 29]).tokens == reference
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +139,9 @@ def chi_square_pvalue(samples, probs):
 def sample_continuations(small_vocab, sampling, gamma, verifier, seed=0):
   target, draft = small_vocab
   engine = engine_with(target, draft, cache=16)
-  out = engine.generate([PROMPT] * N, 3, sampling, seed=seed, gamma=gamma, verifier=verifier)
+  out = engine.generate(
+    [PROMPT] * N, Method.chain(gamma, verifier), max_new_tokens=3, sampling=sampling, seed=seed
+  )
   return np.array(out.tokens)
 
 
@@ -179,7 +186,9 @@ def test_a_nan_draft_leaves_sampling_exactly_the_targets(small_vocab, verifier):
   target, draft = small_vocab
   sampling = SamplingConfig(temperature=1.0)
   engine = engine_with(target, nan_draft(draft), cache=16)
-  out = engine.generate([PROMPT] * N, 3, sampling, seed=1, gamma=2, verifier=verifier)
+  out = engine.generate(
+    [PROMPT] * N, Method.chain(2, verifier), max_new_tokens=3, sampling=sampling, seed=1
+  )
   assert sum(map(sum, out.accepted)) == 0 and min(out.untrusted) >= 1
   probs = exact_continuations(*target, sampling)
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
@@ -188,7 +197,9 @@ def test_a_nan_draft_leaves_sampling_exactly_the_targets(small_vocab, verifier):
 @pytest.mark.parametrize('sampling', SAMPLINGS, ids=['t1', 't0.7-k5-p0.9'])
 def test_an_honest_draft_is_never_untrusted(target, sampling):
   engine = engine_with(target, truncated_target(*target, 1))
-  out = engine.generate(PROMPTS * 8, 24, sampling, gamma=3, verifier='rejection')
+  out = engine.generate(
+    PROMPTS * 8, Method.chain(3, 'rejection'), max_new_tokens=24, sampling=sampling
+  )
   assert out.untrusted == [0] * len(PROMPTS) * 8 and sum(map(sum, out.accepted)) > 0
 
 
@@ -216,14 +227,16 @@ def test_vocabulary_mismatch_is_refused(target):
 )
 def test_bad_speculative_settings_are_named(target, kwargs, match):
   engine = engine_with(target, target)
+  sampling = kwargs.get('sampling', SamplingConfig())
   with pytest.raises(ValueError, match=match):
-    engine.generate(PROMPTS, 8, **kwargs)
+    method = Method.chain(kwargs['gamma'], kwargs.get('verifier', 'rejection'))
+    engine.generate(PROMPTS, method, max_new_tokens=8, sampling=sampling)
 
 
 def test_speculation_without_a_drafter_is_refused(target):
   engine = Engine(target[1], target[0], eos_id=-1, cache_size=64)
   with pytest.raises(ValueError, match='gamma=2 needs a drafter'):
-    engine.generate(PROMPTS, 8, gamma=2)
+    engine.generate(PROMPTS, Method.chain(2), max_new_tokens=8)
 
 
 def test_truncated_draft_layer_count_is_checked(target):
@@ -281,10 +294,9 @@ def test_ngram_drafter_proposes_the_continuation(target):
   engine = ngram_engine(target)
   cfg, params = target
   prompt = [10, 11, 12, 13, 14, 15, 16, 17, 10, 11]
-  from specjax.decode.loop import Method
   from specjax.decode.prefill import prefill
 
-  method = Method(gamma=4, drafter=engine.drafter)
+  method = Method.chain(4)
   state = prefill(
     {'target': params, 'draft': None},
     jnp.asarray([prompt]),
@@ -293,6 +305,7 @@ def test_ngram_drafter_proposes_the_continuation(target):
     jax.random.key(0),
     cfg=cfg,
     method=method,
+    drafter=engine.drafter,
     sampling=SamplingConfig(),
     eos_id=-1,
     cache_size=32,
@@ -310,9 +323,9 @@ def test_ngram_drafter_proposes_the_continuation(target):
 def test_ngram_greedy_equals_target_greedy(target, verifier):
   engine = ngram_engine(target)
   repetitive = [PROMPTS[0] * 4, PROMPTS[1] * 2, [7, 7, 7, 7], PROMPTS[3] * 3]
-  reference = engine.generate(repetitive, 30).tokens
+  reference = engine.generate(repetitive, max_new_tokens=30).tokens
   for gamma in (1, 3, 8):
-    out = engine.generate(repetitive, 30, gamma=gamma, verifier=verifier)
+    out = engine.generate(repetitive, Method.chain(gamma, verifier), max_new_tokens=30)
     assert out.tokens == reference
     assert all(len(d) == len(a) for d, a in zip(out.drafted, out.accepted))
     assert all(x in (0, gamma) for d in out.drafted for x in d)
@@ -325,7 +338,7 @@ def test_ngram_on_a_looping_target_accepts_everything():
 
   cfg, params = testing.successor_model(64)
   engine = Engine(params, cfg, eos_id=-1, cache_size=256, drafter=NgramDrafter(64))
-  out = engine.generate([[1, 2, 3]], 150, gamma=4, verifier='greedy')
+  out = engine.generate([[1, 2, 3]], Method.chain(4, 'greedy'), max_new_tokens=150)
   assert out.tokens[0] == [(4 + i) % 64 for i in range(150)]
   drafted, accepted = out.drafted[0], out.accepted[0]
   first = drafted.index(4)  # the first iteration that found a match
@@ -342,7 +355,9 @@ def test_ngram_sampling_is_lossless(small_vocab):
   engine = Engine(params, cfg, eos_id=-1, cache_size=16, drafter=NgramDrafter(VOCAB, n_max=2))
   sampling = SamplingConfig(temperature=1.0)
   probs = exact_continuations(cfg, params, sampling)
-  out = engine.generate([PROMPT] * N, 3, sampling, seed=4, gamma=2, verifier='rejection')
+  out = engine.generate(
+    [PROMPT] * N, Method.chain(2, 'rejection'), max_new_tokens=3, sampling=sampling, seed=4
+  )
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3
 
 
@@ -354,13 +369,13 @@ def test_layer_skipping_draft_shares_the_targets_weights(target):
   cfg, params = target
   drafter = ModelDrafter(cfg, layers=(0, 2))
   engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=drafter, draft_params=params)
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for gamma, verifier in ((2, 'greedy'), (4, 'block')):
-    out = engine.generate(PROMPTS, 24, gamma=gamma, verifier=verifier)
+    out = engine.generate(PROMPTS, Method.chain(gamma, verifier), max_new_tokens=24)
     assert out.tokens == reference
   all_layers = ModelDrafter(cfg, layers=(0, 1, 2))  # every layer: a perfect draft
   engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=all_layers, draft_params=params)
-  out = engine.generate(PROMPTS, 21, gamma=4)
+  out = engine.generate(PROMPTS, Method.chain(4), max_new_tokens=21)
   assert all(a == [4] * 4 for a in out.accepted)
 
 
@@ -412,8 +427,8 @@ def test_bfloat16_speculative_greedy_equals_target_greedy_up_to_near_ties(target
     engine = Engine(p16, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
   else:
     engine = engine_with((cfg, p16), truncated_target(cfg, p16, 1))
-  plain = engine.generate(PROMPTS, 40)
-  spec = engine.generate(PROMPTS, 40, gamma=4, verifier='greedy')
+  plain = engine.generate(PROMPTS, max_new_tokens=40)
+  spec = engine.generate(PROMPTS, Method.chain(4, 'greedy'), max_new_tokens=40)
   assert sum(spec.accepted[0]) > 0  # it drafted and verified
   records = lambda out: [{'tokens': t} for t in out.tokens]
   mismatches = sum(a != b for a, b in zip(plain.tokens, spec.tokens))

@@ -6,6 +6,7 @@ from specjax import registry
 from specjax.bench import metrics
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 24
@@ -29,7 +30,7 @@ def setup(smollm2):
     + [p.text for p in prompts_lib.load_prompts('humaneval', 10)]
   )
   prompts = [smollm2.tokenizer.encode_chat(t) for t in texts]
-  reference = engine.generate(prompts, NEW_TOKENS).tokens
+  reference = engine.generate(prompts, max_new_tokens=NEW_TOKENS).tokens
   return engine, prompts, reference
 
 
@@ -38,7 +39,7 @@ def setup(smollm2):
 @pytest.mark.parametrize('gamma', [2, 8])
 def test_real_greedy_identity_on_20_prompts(setup, gamma):
   engine, prompts, reference = setup
-  out = engine.generate(prompts, NEW_TOKENS, gamma=gamma, verifier='greedy')
+  out = engine.generate(prompts, Method.chain(gamma, 'greedy'), max_new_tokens=NEW_TOKENS)
   mismatches = sum(ours != ref for ours, ref in zip(out.tokens, reference))
   near_ties = metrics.count_near_ties(
     engine, prompts, [{'tokens': t} for t in out.tokens], [{'tokens': t} for t in reference]
@@ -69,8 +70,8 @@ def _lossless(smollm2, draft: str, gamma: int):
     p.text for p in prompts_lib.load_prompts('humaneval', 10)
   ]
   prompts = [smollm2.tokenizer.encode_chat(t) for t in texts]
-  reference = engine.generate(prompts, NEW_TOKENS).tokens
-  out = engine.generate(prompts, NEW_TOKENS, gamma=gamma, verifier='greedy')
+  reference = engine.generate(prompts, max_new_tokens=NEW_TOKENS).tokens
+  out = engine.generate(prompts, Method.chain(gamma, 'greedy'), max_new_tokens=NEW_TOKENS)
   mismatches = sum(ours != ref for ours, ref in zip(out.tokens, reference))
   near_ties = metrics.count_near_ties(
     engine, prompts, [{'tokens': t} for t in out.tokens], [{'tokens': t} for t in reference]

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from specjax.data import prompts as eval_prompts
+from specjax.decode.method import Method
 from specjax.train import data as data_lib
 from specjax.train import prompts as train_prompts
 
@@ -127,9 +128,9 @@ def test_the_trained_draft_decodes_losslessly(uninterrupted):
     target.params, target.cfg, eos_id=-1, cache_size=128, drafter=drafter, draft_params=draft_params
   )
   prompts = [target.tokenizer.encode_chat(p) for p in ('Hello there', 'def f(x):')]
-  reference = engine.generate(prompts, 24).tokens
+  reference = engine.generate(prompts, max_new_tokens=24).tokens
   for gamma in (1, 3):
-    out = engine.generate(prompts, 24, gamma=gamma, verifier='rejection')
+    out = engine.generate(prompts, Method.chain(gamma, 'rejection'), max_new_tokens=24)
     assert out.tokens == reference
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from specjax.data import code_edit
 from specjax.data import prompts as eval_prompts
+from specjax.decode.method import Method
 from specjax.train import feature_data
 from tests.test_train_draft import _final_state, _normal, _steps, jax_leaves
 
@@ -98,9 +99,12 @@ def test_the_trained_head_decodes_losslessly(uninterrupted):
     target.params, target.cfg, eos_id=-1, cache_size=128, drafter=drafter, draft_params=draft_params
   )
   prompts = [target.tokenizer.encode_chat(p) for p in ('Hello there', 'def f(x):')]
-  reference = engine.generate(prompts, 24).tokens
+  reference = engine.generate(prompts, max_new_tokens=24).tokens
   for gamma in (1, 3):
-    assert engine.generate(prompts, 24, gamma=gamma, verifier='rejection').tokens == reference
+    assert (
+      engine.generate(prompts, Method.chain(gamma, 'rejection'), max_new_tokens=24).tokens
+      == reference
+    )
 
 
 def _eval_texts():

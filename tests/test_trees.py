@@ -19,6 +19,7 @@ from specjax import testing
 from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, truncated_target
 from specjax.drafters.ngram import NgramDrafter
 from specjax.models import llama
@@ -89,18 +90,18 @@ DRAFTS = {
 @pytest.mark.parametrize('draft', list(DRAFTS))
 def test_tree_greedy_equals_target_greedy(target, draft):
   engine = model_engine(target, DRAFTS[draft](target))
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for name, spec in TREES.items():
-    batch = engine.generate(PROMPTS, 24, tree=spec)
+    batch = engine.generate(PROMPTS, Method.tree(spec), max_new_tokens=24)
     assert batch.tokens == reference, name
-    alone = engine.generate(PROMPTS[1:2], 24, tree=spec)
+    alone = engine.generate(PROMPTS[1:2], Method.tree(spec), max_new_tokens=24)
     assert alone.tokens[0] == reference[1], name
 
 
 def test_a_perfect_draft_accepts_the_whole_depth(target):
   engine = model_engine(target, target)
   for spec in (TREES['static 2x2x1'], tree_lib.TreeSpec(size=4, depth=4, width=1)):
-    out = engine.generate(PROMPTS, 25, tree=spec)
+    out = engine.generate(PROMPTS, Method.tree(spec), max_new_tokens=25)
     for acc in out.accepted:  # every iteration but maybe a row's last keeps the depth
       assert set(acc[:-1]) == {spec.max_depth}, acc
 
@@ -108,24 +109,28 @@ def test_a_perfect_draft_accepts_the_whole_depth(target):
 def test_tree_iterations_record_their_stopping_node(target):
   engine = model_engine(target, truncated_target(*target, 1))
   spec = TREES['static uneven']
-  out = engine.generate(PROMPTS, 24, tree=spec)
+  out = engine.generate(PROMPTS, Method.tree(spec), max_new_tokens=24)
   depth = [0] + [len(p) for p in spec.shape.paths]
   for stops, accepted, drafted in zip(out.stops, out.accepted, out.drafted):
     assert len(stops) == len(accepted) == len(drafted)
     assert [depth[s] for s in stops] == accepted
     assert set(drafted) == {spec.nodes}
   assert any(s > 0 for row in out.stops for s in row)
-  assert engine.generate(PROMPTS, 8, gamma=2).stops == []  # chains record none
+  assert (
+    engine.generate(PROMPTS, Method.chain(2), max_new_tokens=8).stops == []
+  )  # chains record none
 
 
 def test_tree_rows_stop_at_their_eos(target):
   cfg, params = target
-  reference = model_engine(target, target).generate(PROMPTS, 24).tokens
+  reference = model_engine(target, target).generate(PROMPTS, max_new_tokens=24).tokens
   eos = reference[0][5]  # row 0 emits this token early
   engine = model_engine(target, truncated_target(cfg, params, 1), eos_id=eos)
-  want = engine.generate(PROMPTS, 24).tokens
+  want = engine.generate(PROMPTS, max_new_tokens=24).tokens
   assert want[0][-1] == eos and len(want[0]) <= 6
-  assert engine.generate(PROMPTS, 24, tree=TREES['static 2x2x1']).tokens == want
+  assert (
+    engine.generate(PROMPTS, Method.tree(TREES['static 2x2x1']), max_new_tokens=24).tokens == want
+  )
 
 
 def test_tree_rows_that_fill_their_cache():
@@ -136,10 +141,11 @@ def test_tree_rows_that_fill_their_cache():
   prompts = [[3] * (32 - spec.nodes - 12), [4, 5] * 3]
   max_new = [12, 32 - spec.nodes - 6]
   assert (
-    engine.generate(prompts, max_new, tree=spec).tokens == engine.generate(prompts, max_new).tokens
+    engine.generate(prompts, Method.tree(spec), max_new_tokens=max_new).tokens
+    == engine.generate(prompts, max_new_tokens=max_new).tokens
   )
   with pytest.raises(ValueError, match='and 10 for the tree draft it needs 33 cache slots'):
-    engine.generate(prompts, [13, 1], tree=spec)
+    engine.generate(prompts, Method.tree(spec), max_new_tokens=[13, 1])
 
 
 LOOKUP_PROMPTS = [
@@ -153,12 +159,12 @@ LOOKUP_PROMPTS = [
 def test_lookup_trie_greedy_equals_target_greedy(target):
   cfg, params = target
   engine = Engine(params, cfg, eos_id=-1, cache_size=128, drafter=NgramDrafter(cfg.vocab_size))
-  reference = engine.generate(LOOKUP_PROMPTS, 40).tokens
+  reference = engine.generate(LOOKUP_PROMPTS, max_new_tokens=40).tokens
   for spec in (
     tree_lib.TreeSpec(size=8, depth=4, width=3),
     tree_lib.TreeSpec(size=3, depth=6, width=4),
   ):
-    out = engine.generate(LOOKUP_PROMPTS, 40, tree=spec)
+    out = engine.generate(LOOKUP_PROMPTS, Method.tree(spec), max_new_tokens=40)
     assert out.tokens == reference
     assert sum(map(sum, out.accepted)) > 0
 
@@ -197,7 +203,9 @@ def small_vocab():
 def tree_samples(small_vocab, sampling, spec, seed=0):
   target, draft = small_vocab
   engine = model_engine(target, draft, cache=16)
-  out = engine.generate([PROMPT] * 30000, 3, sampling, seed=seed, tree=spec)
+  out = engine.generate(
+    [PROMPT] * 30000, Method.tree(spec), max_new_tokens=3, sampling=sampling, seed=seed
+  )
   return np.array(out.tokens)
 
 
@@ -223,29 +231,27 @@ def test_the_chi_square_test_catches_a_wrong_tree_verifier(small_vocab, monkeypa
   'kwargs, match',
   [
     ({'verifier': 'block'}, 'block verification is proved for chains only'),
-    (
-      {'adaptive': __import__('specjax.control.adaptive', fromlist=['x']).AdaptiveConfig()},
-      'an adaptive method chooses its trees itself',
-    ),
   ],
 )
 def test_bad_tree_settings_are_named(target, kwargs, match):
   engine = model_engine(target, target)
   with pytest.raises(ValueError, match=match):
-    engine.generate(PROMPTS, 4, tree=TREES['dynamic'], **kwargs)
+    engine.generate(PROMPTS, Method.tree(TREES['dynamic'], **kwargs), max_new_tokens=4)
 
 
 def test_a_lookup_drafter_refuses_a_fixed_shape(target):
   cfg, params = target
   engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=NgramDrafter(cfg.vocab_size))
   with pytest.raises(ValueError, match='builds tries of continuations, not fixed shapes'):
-    engine.generate(PROMPTS, 4, tree=TREES['static 2x2x1'])
+    engine.generate(PROMPTS, Method.tree(TREES['static 2x2x1']), max_new_tokens=4)
 
 
 def test_a_dynamic_tree_larger_than_its_candidates_is_refused(target):
   engine = model_engine(target, target)
   with pytest.raises(ValueError, match='has 6 candidates, fewer than its size 7'):
-    engine.generate(PROMPTS, 4, tree=tree_lib.TreeSpec(size=7, depth=2, width=2))
+    engine.generate(
+      PROMPTS, Method.tree(tree_lib.TreeSpec(size=7, depth=2, width=2)), max_new_tokens=4
+    )
 
 
 def test_a_dynamic_tree_needs_its_sizes():
@@ -266,7 +272,7 @@ def _drafted(engine, spec, gamma):
 
   tokens, lengths, max_new, out_len, cache_size = engine.prepare(PROMPTS, 8, spare=16)
   sampling = SamplingConfig()
-  method = engine.method(gamma)
+  method = Method.chain(gamma)
   state = prefill.prefill(
     {'target': engine.params, 'draft': engine.draft_params},
     jnp.asarray(tokens),
@@ -275,6 +281,7 @@ def _drafted(engine, spec, gamma):
     jax.random.key(0),
     cfg=engine.cfg,
     method=method,
+    drafter=engine.drafter,
     sampling=sampling,
     eos_id=-1,
     cache_size=cache_size,
@@ -329,7 +336,7 @@ def test_a_draft_models_second_branch_is_its_argmax_after_that_token(target):
   tree, _ = _drafted(engine, spec, 2)
   tokens = np.asarray(tree.tokens)
   for row, prompt in enumerate(PROMPTS):
-    first = engine.generate([prompt], 1).tokens[0]  # the prefill's token: the root
+    first = engine.generate([prompt], max_new_tokens=1).tokens[0]  # the prefill's token: the root
     for path in ((1, 0), (1, 1), (0, 1)):
       seq = prompt + first + [int(tokens[row, spec.shape.paths.index(path[:1])])]
       logits, _ = llama.forward(
@@ -341,9 +348,9 @@ def test_a_draft_models_second_branch_is_its_argmax_after_that_token(target):
 
 def test_eagle_tree_greedy_equals_target_greedy(target):
   engine = eagle_engine(target)
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for name, spec in TREES.items():
-    assert engine.generate(PROMPTS, 24, tree=spec).tokens == reference, name
+    assert engine.generate(PROMPTS, Method.tree(spec), max_new_tokens=24).tokens == reference, name
 
 
 def test_distilled_tree_greedy_equals_target_greedy(target):
@@ -360,9 +367,9 @@ def test_distilled_tree_greedy_equals_target_greedy(target):
     drafter=distilled.DistilledDrafter(draft_cfg),
     draft_params=draft_params,
   )
-  reference = engine.generate(PROMPTS, 24).tokens
+  reference = engine.generate(PROMPTS, max_new_tokens=24).tokens
   for name, spec in TREES.items():
-    assert engine.generate(PROMPTS, 24, tree=spec).tokens == reference, name
+    assert engine.generate(PROMPTS, Method.tree(spec), max_new_tokens=24).tokens == reference, name
 
 
 @pytest.mark.parametrize('tree', ['static 2x2x1', 'dynamic'])
@@ -372,6 +379,8 @@ def test_eagle_tree_sampling_is_lossless(tree):
 
   engine, (cfg, params) = small_vocab_head_engine()
   sampling = SamplingConfig(temperature=1.0)
-  out = engine.generate([PROMPT] * 30000, 3, sampling, seed=0, tree=TREES[tree])
+  out = engine.generate(
+    [PROMPT] * 30000, Method.tree(TREES[tree]), max_new_tokens=3, sampling=sampling, seed=0
+  )
   probs = exact_continuations(cfg, params, sampling)
   assert chi_square_pvalue(np.array(out.tokens), probs) > 1e-3

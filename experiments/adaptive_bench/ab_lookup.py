@@ -14,6 +14,7 @@ from specjax import registry
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 PROMPTS = pathlib.Path(__file__).parent / 'code_edit_heldout.jsonl'
 
@@ -35,17 +36,17 @@ def main():
     gammas=(1, 2, 4, 8, 12), draft_cost=(0,) * 5, verify_cost=(1.18, 1.27, 1.41, 1.68, 1.92)
   )
   runs = {
-    'fixed8': dict(gamma=8),
-    'adaptive': dict(adaptive=base),
-    'adaptive hyst .05': dict(adaptive=dataclasses.replace(base, hysteresis=0.05)),
+    'fixed8': Method.chain(8),
+    'adaptive': Method.adaptive(base),
+    'adaptive hyst .05': Method.adaptive(dataclasses.replace(base, hysteresis=0.05)),
   }
-  for kwargs in runs.values():  # compile and warm
-    engine.generate(prompts[:1], 256, **kwargs)
+  for method in runs.values():  # compile and warm
+    engine.generate(prompts[:1], method, 256)
   engine.reset_control()
   totals = {name: [0.0, 0, 0] for name in runs}  # seconds, tokens, plain steps
   for prompt in prompts:
-    for name, kwargs in runs.items():
-      out = engine.generate([prompt], 256, **kwargs)
+    for name, method in runs.items():
+      out = engine.generate([prompt], method, 256)
       t = totals[name]
       t[0] += out.decode_seconds
       t[1] += out.num_generated

@@ -192,7 +192,9 @@ def main(argv):
     for name in FLAGS.sets.split(','):
       for i, p in enumerate(prompts_lib.load_prompts(name)[: FLAGS.num_prompts]):
         prompt = tok.encode_chat(p.text)
-        o = engine.generate([prompt] * FLAGS.n, FLAGS.max_new, sampling, seed=i)
+        o = engine.generate(
+          [prompt] * FLAGS.n, max_new_tokens=FLAGS.max_new, sampling=sampling, seed=i
+        )
         paths = [list(map(int, t)) for t in o.tokens]
         groups[name, p.id] = (prompt, paths)
         texts += [

@@ -49,6 +49,7 @@ from specjax.checkpoints import loader  # noqa: E402
 from specjax.control.adaptive import AdaptiveConfig  # noqa: E402
 from specjax.data import prompts as prompts_lib  # noqa: E402
 from specjax.decode.engine import Engine  # noqa: E402
+from specjax.decode.method import Method  # noqa: E402
 from specjax.drafters import model as model_drafters  # noqa: E402
 from specjax.kernels import cpu as cpu_kernels  # noqa: E402
 
@@ -80,9 +81,10 @@ def _profile(engine, prompt, gamma: int, adaptive=None) -> tuple[dict, float, in
   """{(what, shape): [ms per iteration, ops per iteration]}, ms per iteration, iterations."""
 
   def run():
-    return engine.generate(
-      [prompt], max_new_tokens=TOKENS.value, gamma=gamma, verifier='greedy', adaptive=adaptive
-    )
+    method = Method.chain(gamma, 'greedy')
+    if adaptive is not None:
+      method = Method.adaptive(adaptive, 'greedy')
+    return engine.generate([prompt], method, max_new_tokens=TOKENS.value)
 
   run()
   with tempfile.TemporaryDirectory() as d:

@@ -123,15 +123,19 @@ def main(argv):
     bw = read_bandwidth(weight_bytes)
     rows['bw_numpy'].append(bw['numpy'])
     rows['bw_jax'].append(bw['jax'])
-    rows['prefill128_ms'].append(1e3 * engine.generate([long_prompt], 1).prefill_seconds)
-    b1 = [engine.generate([p], FLAGS.max_new) for p in prompts]
+    rows['prefill128_ms'].append(
+      1e3 * engine.generate([long_prompt], max_new_tokens=1).prefill_seconds
+    )
+    b1 = [engine.generate([p], max_new_tokens=FLAGS.max_new) for p in prompts]
     rows['b1'].append(np.median([o.decode_tokens_per_second for o in b1]))
     rows['b1_step_ms'].append(np.median([o.decode_seconds / o.steps * 1e3 for o in b1]))
     rows['sj_e2e_b1'].append(
       np.median([FLAGS.max_new / (o.prefill_seconds + o.decode_seconds) for o in b1])
     )
     for b in (4, 8):
-      o = engine.generate(prompts[:b] if b <= len(prompts) else (prompts * 2)[:b], FLAGS.max_new)
+      o = engine.generate(
+        prompts[:b] if b <= len(prompts) else (prompts * 2)[:b], max_new_tokens=FLAGS.max_new
+      )
       rows[f'b{b}'].append(o.decode_tokens_per_second)
     if hf is not None:
       runs = [transformers_greedy(hf, p, FLAGS.max_new) for p in prompts]

@@ -24,6 +24,7 @@ from specjax.bench import tables
 from specjax.checkpoints import loader
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import distilled
 from specjax.models.kv_cache import KVCache
 
@@ -54,7 +55,7 @@ def main(argv):
   rows = []
   for p in prompts_lib.load_prompts(FLAGS.prompts)[: FLAGS.num_prompts]:
     prompt = target.tokenizer.encode_chat(p.text)
-    answer = plain.generate([prompt], FLAGS.max_new).tokens[0]
+    answer = plain.generate([prompt], max_new_tokens=FLAGS.max_new).tokens[0]
     cache = KVCache.init(drafter.cfg, 1, len(prompt) + len(answer), jnp.float32)
     logits, _ = distilled.subset_logits(
       draft_params, jnp.asarray([prompt + answer]), cache, drafter.cfg
@@ -62,7 +63,7 @@ def main(argv):
     predicted = np.asarray(draft_params['vocab_ids'])[np.asarray(logits[0].argmax(-1))]
     # Answer token j is predicted from prompt + answer[:j], at position len(prompt) - 1 + j.
     agree = predicted[len(prompt) - 1 : len(prompt) - 1 + len(answer)] == np.asarray(answer)
-    out = spec.generate([prompt], FLAGS.max_new, gamma=1, verifier='greedy')
+    out = spec.generate([prompt], Method.chain(1, 'greedy'), max_new_tokens=FLAGS.max_new)
     if out.tokens[0] != answer:
       raise SystemExit(f'{p.id}: speculative output differs from the target greedy answer')
     position, visited, kept = 1, [], []  # the prefill emits answer[0]

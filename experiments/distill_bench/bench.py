@@ -33,6 +33,7 @@ from specjax.checkpoints import draft_dir, hf, loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 from specjax.drafters import distilled
 
 flags.DEFINE_string('draft', 'distilled', 'A distilled draft spec: distilled or distilled:DIR.')
@@ -71,7 +72,7 @@ def run_specjax(engine, prompts, gamma, max_new, sampling):
   tokens = seconds = drafted = accepted = 0
   outs = []
   for i, p in enumerate(prompts):
-    o = engine.generate([p], max_new, sampling, seed=i, gamma=gamma)
+    o = engine.generate([p], Method.chain(gamma), max_new_tokens=max_new, sampling=sampling, seed=i)
     tokens += o.num_generated
     seconds += o.prefill_seconds + o.decode_seconds
     drafted += sum(sum(d) for d in o.drafted)

@@ -42,6 +42,7 @@ from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 flags.DEFINE_string('out', None, 'Folder for results.json and table.md.')
 flags.DEFINE_bool('quick', False, 'Tiny sizes (the random tiny model): a smoke run anywhere.')
@@ -120,9 +121,11 @@ def decode_speed(spec: str, s: dict, dtype: str) -> dict:
   engine = engine_for(model, prompts, s['decode_new'])
   speeds, prefill, compile_s = [], [], 0.0
   for p in prompts:
-    compile_s += engine.generate([p], s['decode_new'], GREEDY).compile_seconds
+    compile_s += engine.generate(
+      [p], max_new_tokens=s['decode_new'], sampling=GREEDY
+    ).compile_seconds
     for _ in range(FLAGS.repeats):
-      out = engine.generate([p], s['decode_new'], GREEDY)
+      out = engine.generate([p], max_new_tokens=s['decode_new'], sampling=GREEDY)
       speeds.append(out.num_generated / out.decode_seconds)
       prefill.append(out.prefill_seconds * 1e3)
   return {
@@ -163,10 +166,16 @@ def loop_overhead(model, s: dict, dtype: str) -> list[dict]:
     costs = costs_lib.measure(engine, 1, engine.cache_size, (gamma,))
     outs = {0: [], gamma: []}
     for g in outs:  # compile first, out of the timings
-      engine.generate([prompts[0]], s['overhead_new'], GREEDY, gamma=g, verifier='greedy')
+      engine.generate(
+        [prompts[0]], Method.chain(g, 'greedy'), max_new_tokens=s['overhead_new'], sampling=GREEDY
+      )
     for p in prompts:  # interleaved prompt by prompt
       for g in outs:
-        outs[g].append(engine.generate([p], s['overhead_new'], GREEDY, gamma=g, verifier='greedy'))
+        outs[g].append(
+          engine.generate(
+            [p], Method.chain(g, 'greedy'), max_new_tokens=s['overhead_new'], sampling=GREEDY
+          )
+        )
     verified = verified_fraction(outs[gamma])
     parts = verified * (costs.draft_ms[gamma] + costs.verify_ms[gamma])
     parts += (1 - verified) * costs.target_ms
@@ -199,10 +208,16 @@ def code_edit(model, s: dict) -> dict:
   engine = engine_for(model, prompts, s['edit_new'], drafter, draft_params)
   gamma, outs = 12, {0: [], 12: []}
   for g in outs:
-    engine.generate([prompts[0]], s['edit_new'], GREEDY, gamma=g, verifier='greedy')
+    engine.generate(
+      [prompts[0]], Method.chain(g, 'greedy'), max_new_tokens=s['edit_new'], sampling=GREEDY
+    )
   for p in prompts:
     for g in outs:
-      outs[g].append(engine.generate([p], s['edit_new'], GREEDY, gamma=g, verifier='greedy'))
+      outs[g].append(
+        engine.generate(
+          [p], Method.chain(g, 'greedy'), max_new_tokens=s['edit_new'], sampling=GREEDY
+        )
+      )
 
   def total(g, field):
     return sum(getattr(o, field) for o in outs[g])

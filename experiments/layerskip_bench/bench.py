@@ -23,6 +23,7 @@ from specjax.bench import metrics, provenance, tables
 from specjax.checkpoints import loader
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 flags.DEFINE_string(
   'config', 'configs/layerskip_smollm2.py', 'The config giving the draft (drafts[0]) and gamma.'
@@ -72,8 +73,8 @@ def main(argv):
   per = {}
   for prompt in sets:
     ids = target.tokenizer.encode_chat(prompt.text)
-    plain = engine.generate([ids], FLAGS.max_new)
-    spec = engine.generate([ids], FLAGS.max_new, gamma=gamma, verifier='greedy')
+    plain = engine.generate([ids], max_new_tokens=FLAGS.max_new)
+    spec = engine.generate([ids], Method.chain(gamma, 'greedy'), max_new_tokens=FLAGS.max_new)
     c = per.setdefault(
       prompt.category,
       {

@@ -44,6 +44,7 @@ from specjax.checkpoints import draft_dir, hf, loader
 from specjax.data import assets
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 PEERS = pathlib.Path(os.environ.get('SPECJAX_PEERS', pathlib.Path.home() / '.cache/specjax-peers'))
 flags.DEFINE_string('prompts', 'code_edit', 'Prompt set (specjax/data/prompts.py).')
@@ -91,13 +92,13 @@ def specjax_runs(target, prompt_ids, texts_out):
     )
     name = label if not spec else f'{drafter.name}, gamma {gamma}'
     for p in prompt_ids:
-      engine.generate([p], FLAGS.max_new, gamma=gamma)  # compiles this shape
+      engine.generate([p], Method.chain(gamma), max_new_tokens=FLAGS.max_new)  # compiles this shape
     rounds = []
     for _ in range(FLAGS.rounds):
       tot = dict(generated=0, prefill_s=0.0, decode_s=0.0, calls=0, prompt_tokens=0)
       texts = []
       for p in prompt_ids:
-        out = engine.generate([p], FLAGS.max_new, gamma=gamma)
+        out = engine.generate([p], Method.chain(gamma), max_new_tokens=FLAGS.max_new)
         tot['generated'] += out.num_generated
         tot['prefill_s'] += out.prefill_seconds
         tot['decode_s'] += out.decode_seconds

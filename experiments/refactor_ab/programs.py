@@ -16,6 +16,7 @@ on sys.path).
 from __future__ import annotations
 
 import collections
+import importlib.util
 import pathlib
 import re
 import sys
@@ -34,22 +35,38 @@ def dump(out: pathlib.Path) -> None:
 
   out.mkdir(parents=True, exist_ok=True)
   target = loader.load_model('tiny')
-  statics = ('cfg', 'method', 'sampling', 'eos_id')
+  new_api = importlib.util.find_spec('specjax.decode.method') is not None  # issue 28 item 1
+  statics = ('cfg', 'method', 'sampling', 'eos_id') + (('drafter',) if new_api else ())
   prefill = jax.jit(prefill_lib.prefill, static_argnames=(*statics, 'cache_size', 'out_len'))
   decode = jax.jit(loop.decode, static_argnames=statics)
   for spec in ('truncated:1', 'ngram'):
     drafter, draft_params = registry.build_draft(spec, target)
     adaptive = adaptive_lib.AdaptiveConfig(gammas=(1, 2, 4))
-    methods = {
-      'plain': loop.Method(gamma=0),
-      'chain2': loop.Method(gamma=2, drafter=drafter),
-      'adaptive': loop.Method(gamma=4, drafter=drafter, adaptive=adaptive),
-    }
+    if new_api:
+      from specjax.decode.method import Method
+
+      methods = {
+        'plain': Method(),
+        'chain2': Method.chain(2),
+        'adaptive': Method.adaptive(adaptive),
+      }
+      resync = {'adaptive': drafter.resyncing(adaptive.max_wait)}
+    else:  # the loop's own Method, its drafter inside (adaptive: resyncing, as the engine's)
+      resyncing = drafter.resyncing(adaptive.max_wait)
+      methods = {
+        'plain': loop.Method(gamma=0),
+        'chain2': loop.Method(gamma=2, drafter=drafter),
+        'adaptive': loop.Method(gamma=4, drafter=resyncing, adaptive=adaptive),
+      }
     for sname, sampling in (('greedy', SamplingConfig()), ('t1', SamplingConfig(1.0))):
       for mname, method in methods.items():
-        params = {'target': target.params, 'draft': draft_params if method.gamma else None}
-        control = None if method.adaptive is None else adaptive_lib.init(method.adaptive)
+        speculative = mname != 'plain'
+        params = {'target': target.params, 'draft': draft_params if speculative else None}
+        config = adaptive if mname == 'adaptive' else None
+        control = None if config is None else adaptive_lib.init(config)
         kw = dict(cfg=target.cfg, method=method, sampling=sampling, eos_id=2)
+        if new_api:
+          kw['drafter'] = resync.get(mname, drafter) if speculative else None
         state = prefill(
           params,
           jnp.ones((2, 8), jnp.int32),

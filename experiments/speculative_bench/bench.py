@@ -27,6 +27,7 @@ from specjax.checkpoints import loader
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 flags.DEFINE_string('draft', 'truncated:4', 'The draft spec (specjax/registry.py).')
 flags.DEFINE_string('gammas', '1,2,4,8', 'Comma-separated draft lengths.')
@@ -46,7 +47,11 @@ def run_setting(engine, prompts, batch, sampling, gammas, max_new, seed=0):
   for i in range(0, len(prompts), batch):
     chunk = prompts[i : i + batch]
     for g in outs:
-      outs[g].append(engine.generate(chunk, max_new, sampling, seed=seed + i, gamma=g))
+      outs[g].append(
+        engine.generate(
+          chunk, Method.chain(g), max_new_tokens=max_new, sampling=sampling, seed=seed + i
+        )
+      )
   return outs
 
 
@@ -124,7 +129,7 @@ def main(argv):
     for temp in (float(t) for t in FLAGS.temperatures.split(',')):
       sampling = SamplingConfig(temperature=temp)
       verifier = FLAGS.verifier
-      engine.method(1, verifier, sampling)  # validates
+      engine.check(Method.chain(1, verifier), sampling)  # validates
       outs = run_setting(engine, prompts, batch, sampling, gammas, FLAGS.max_new)
       base = summarize(outs, 0, outs[0], costs)
       # The same measurement for autoregressive decoding calibrates the method: its loop

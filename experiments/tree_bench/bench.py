@@ -34,6 +34,7 @@ from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 flags.DEFINE_string('draft', 'quantized', 'The draft spec (specjax/registry.py).')
 flags.DEFINE_string('methods', 'chain:4,chain:8,dynamic:16-6-4', 'Comma-separated methods.')
@@ -65,10 +66,9 @@ def parse_method(text: str):
 
 def run_method(engine, method, prompts, sampling, seed):
   kind, arg = method
-  kwargs = {'gamma': arg} if kind == 'chain' else {'tree': arg} if kind == 'tree' else {}
-  if kind == 'adaptive':
-    kwargs = {'adaptive': arg}
-  return engine.generate(prompts, FLAGS.max_new, sampling, seed=seed, **kwargs)
+  build = {'chain': Method.chain, 'tree': Method.tree, 'adaptive': Method.adaptive}
+  m = build[kind](arg) if kind in build else Method()
+  return engine.generate(prompts, m, FLAGS.max_new, sampling, seed=seed)
 
 
 def totals(outs) -> dict:
@@ -98,7 +98,7 @@ def main(argv):
   prompts = [target.tokenizer.encode_chat(p.text) for p in chosen]
   for kind, arg in methods.values():  # bad settings fail before any decoding
     if kind == 'tree':
-      engine.method(sampling=sampling, tree=arg)
+      engine.check(Method.tree(arg), sampling)
   # The verification of an N-node tree is one target forward over N + 1 tokens.
   cache_size = 512
   sizes = [int(n) for n in FLAGS.verify_sizes.split(',')]
@@ -122,7 +122,7 @@ def main(argv):
     for n, (gammas, shapes) in adaptive_methods.items():
       controllers[n] = c['d'].to_json()
       methods[n] = 'adaptive', AdaptiveConfig.from_costs(c['d'], gammas, trees=shapes)
-      engine.method(sampling=sampling, adaptive=methods[n][1])
+      engine.check(Method.adaptive(methods[n][1]), sampling)
 
   per_round = {n: [] for n in names}
   texts = {n: [] for n in names}

@@ -34,6 +34,7 @@ from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
 from specjax.data import prompts as prompts_lib
 from specjax.decode.engine import Engine
+from specjax.decode.method import Method
 
 flags.DEFINE_string('draft', 'eagle', 'The draft spec (specjax/registry.py).')
 flags.DEFINE_string('prompts', 'humaneval', 'A prompt set (specjax.data.prompts).')
@@ -77,7 +78,9 @@ def main(argv):
   print(f'probe: {probe.describe()}', flush=True)
   stops = []
   for ids in calib:
-    out = engine.generate([ids], FLAGS.max_new, greedy, tree=tree_lib.TreeSpec(probe))
+    out = engine.generate(
+      [ids], Method.tree(tree_lib.TreeSpec(probe)), max_new_tokens=FLAGS.max_new, sampling=greedy
+    )
     stops += [s for s, d in zip(out.stops[0], out.drafted[0]) if d > 0]
   raw, trials = cost_model.rank_acceptance(probe, stops)
   accept = cost_model.fill_acceptance(raw)
@@ -143,15 +146,17 @@ def main(argv):
   # 3. Evaluation on held-out prompts, interleaved.
   runs = {'autoregressive': []} | {p['name']: [] for p in picks}
   for i, ids in enumerate(evaluate):
-    runs['autoregressive'].append(engine.generate([ids], FLAGS.max_new, greedy))
+    runs['autoregressive'].append(
+      engine.generate([ids], max_new_tokens=FLAGS.max_new, sampling=greedy)
+    )
     for p in picks:
       shape = candidates[p['name']]
-      kwargs = (
-        {'gamma': shape.size}
+      method = (
+        Method.chain(shape.size)
         if p['name'].startswith('chain')
-        else {'tree': tree_lib.TreeSpec(shape)}
+        else Method.tree(tree_lib.TreeSpec(shape))
       )
-      runs[p['name']].append(engine.generate([ids], FLAGS.max_new, greedy, **kwargs))
+      runs[p['name']].append(engine.generate([ids], method, FLAGS.max_new, greedy))
     print(f'[{i + 1}/{len(evaluate)}] evaluated', flush=True)
   total = lambda outs: (
     sum(o.num_generated for o in outs),

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from specjax.control.cost_model import Costs
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
-from specjax.decode import loop
 from specjax.decode import prefill as prefill_lib
+from specjax.decode.method import Method
 from specjax.kernels import cpu as cpu_kernels
 
 
@@ -110,13 +110,11 @@ def timer_propose(
   prompt_len = cache_size // 2
   prompt = (jnp.arange(batch * prompt_len).reshape(batch, prompt_len) * 7919) % cfg.vocab_size
   lens = jnp.full((batch,), prompt_len, jnp.int32)
-  if tree is not None:
-    gamma = tree.max_depth
-  method = loop.Method(gamma=gamma, drafter=drafter, tree=tree)
+  method = Method.chain(gamma) if tree is None else Method.tree(tree)
   params = {'target': target_params, 'draft': draft_params}
   state = jax.jit(
     prefill_lib.prefill,
-    static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
+    static_argnames=('cfg', 'method', 'drafter', 'sampling', 'eos_id', 'cache_size', 'out_len'),
   )(
     params,
     prompt.astype(jnp.int32),
@@ -125,6 +123,7 @@ def timer_propose(
     jax.random.key(0),
     cfg=cfg,
     method=method,
+    drafter=drafter,
     sampling=sampling,
     eos_id=-1,
     cache_size=cache_size,
@@ -184,7 +183,8 @@ def tune_forwards(
   per-product dispatch, each ISA's kernels throughout, XLA throughout), in interleaved
   rounds, and keeps the fastest per row bucket for every product of that forward
   (kernels.cpu.tune; `name` tells apart two forwards of one parameter tree). Choices
-  already recorded on this machine are reused untimed; a forward whose products another
+  already recorded on this machine are reused untimed (unless timed on a busy machine and
+  this one is quiet now: kernels.cpu.BUSY); a forward whose products another
   model's choice already holds (a layer-skip draft's are the target's) is not timed.
   Returns {rows bucket: {'ms': {policy: ms}, 'use': policy, ...}}."""
   policies = cpu_kernels.policies()
@@ -207,9 +207,11 @@ def tune_forwards(
         break
       pieces[rows, policy] = timer
       products.setdefault(rows, set()).update(keys)
-  best = fastest(pieces, repeats) if pieces else {}
+  with cpu_kernels.others_load() as load:  # a busy machine's choice is timed again later
+    best = fastest(pieces, repeats) if pieces else {}
+  busy = load[0] if load else None
   for rows, keys in products.items():
-    out[rows] = cpu_kernels.tune(model, rows, {p: best[rows, p] for p in policies}, keys)
+    out[rows] = cpu_kernels.tune(model, rows, {p: best[rows, p] for p in policies}, keys, busy)
   return dict(sorted(out.items()))
 
 

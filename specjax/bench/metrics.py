@@ -386,9 +386,10 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
   figure with its bootstrap interval over prompts (confidence_intervals).
 
   Without an 'autoregressive' method (the Python API's uncompared runs) speedups and
-  greedy mismatches are None. `plans` maps a method name to (draft spec, gamma, adaptive,
-  tree); with measured `costs` (draft spec -> Costs) the cost model's prediction of a
-  chain method is filled in too. Tree methods get no per-token alpha (a chain's notion).
+  greedy mismatches are None. `plans` maps a method name to its Method
+  (specjax.decode.method); with measured `costs` (draft spec -> Costs) the cost model's
+  prediction of a chain method is filled in too. Tree methods get no per-token alpha (a
+  chain's notion).
   """
   costs, plans = costs or {}, plans or {}
   compared = 'autoregressive' in records
@@ -399,19 +400,19 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
     baseline = first if compared else recs
     m = out[name] = summarize_method(recs, baseline, compile_seconds[name])
     plan = plans.get(name)
-    tree = plan[3] if plan is not None and len(plan) > 3 and plan[3] else None
+    tree = plan.name.rpartition('@')[2] if plan is not None and plan.tree_spec else None
     if tree:
-      m.draft, m.tree, m.alpha = plan[0], tree, None
-    elif plan is not None and plan[0] in costs:
-      m.draft, m.adaptive = plan[0], plan[2]
-      predict(m, recs, costs[plan[0]], plan[1], plan[2])
+      m.draft, m.tree, m.alpha = plan.draft, tree, None
+    elif plan is not None and plan.draft in costs:
+      m.draft, m.adaptive = plan.draft, plan.is_adaptive
+      predict(m, recs, costs[plan.draft], plan.gamma, plan.is_adaptive)
     for cat in categories:
       pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
       sub = summarize_method([recs[i] for i in pick], [baseline[i] for i in pick])
       if tree:
         sub.alpha = None
-      elif plan is not None and plan[0] in costs:
-        predict(sub, [recs[i] for i in pick], costs[plan[0]], plan[1], plan[2])
+      elif plan is not None and plan.draft in costs:
+        predict(sub, [recs[i] for i in pick], costs[plan.draft], plan.gamma, plan.is_adaptive)
         sub.c = sub.time_split_ms = None
       m.categories[cat] = sub
   if not compared:

@@ -119,8 +119,25 @@ def write_weights(directory, tensors: dict, shard_bytes: int = 0) -> None:
     os.replace(d / (INDEX_FILE + '.tmp'), d / INDEX_FILE)
 
 
+def missing_shards(directory) -> list[str]:
+  """The shards a directory's index names that are not there ([] without an index)."""
+  d = pathlib.Path(directory)
+  try:
+    shards = sorted(set(json.loads((d / INDEX_FILE).read_text())['weight_map'].values()))
+  except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError):
+    return []
+  return [f for f in shards if not (d / f).is_file()]
+
+
 def is_dflash_dir(path) -> bool:
+  """Whether `path` holds a drafter in DFlash layout; ValueError naming the shards its
+  index lists that are missing (an interrupted download or copy)."""
   p = pathlib.Path(path)
+  if (p / CONFIG_FILE).is_file() and (gone := missing_shards(p)):
+    raise ValueError(
+      f'{p}: {INDEX_FILE} names {", ".join(gone)}, which {"is" if len(gone) == 1 else "are"} '
+      'not in the directory (an incomplete download or copy?)'
+    )
   if not (p / CONFIG_FILE).is_file() or not weight_files(p):
     return False
   try:

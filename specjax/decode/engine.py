@@ -16,15 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import registry
 from specjax.control import adaptive as adaptive_lib
-from specjax.control.adaptive import AdaptiveConfig
 from specjax.core.contract import Drafter
 from specjax.core.sampling import SamplingConfig
-from specjax.core.tree import TreeSpec
 from specjax.decode import loop
+from specjax.decode import method as method_lib
 from specjax.decode import prefill as prefill_lib
-from specjax.decode.loop import Method
+from specjax.decode.method import AUTOREGRESSIVE, Method
 from specjax.models import sharding as sharding_lib
 
 # Shapes (prompt bucket, cache bucket, output buffer) per method and sampling whose
@@ -120,8 +118,8 @@ class Engine:
       draft's) by `cache_spec` over [B, G, S, H]; specjax/models/sharding.py. A mesh
       axis that does not divide a dimension leaves it replicated.
     buckets: prompt lengths are right-padded up to one of these (default powers of 2).
-    drafter, draft_params: what proposes tokens when `generate` is called with gamma >= 1
-      (its vocabulary must be the target's).
+    drafter, draft_params: what proposes tokens when `generate` is given a speculative
+      method (its vocabulary must be the target's).
   """
 
   def __init__(
@@ -200,11 +198,11 @@ class Engine:
     if fns is None:
       prefill = jax.jit(
         functools.partial(prefill_lib.prefill, constrain_cache=self._constrain, pad_id=self.pad_id),
-        static_argnames=('cfg', 'method', 'sampling', 'eos_id', 'cache_size', 'out_len'),
+        static_argnames=('cfg', 'method', 'drafter', 'sampling', 'eos_id', 'cache_size', 'out_len'),
       )
       decode = jax.jit(
         functools.partial(loop.decode),
-        static_argnames=('cfg', 'method', 'sampling', 'eos_id'),
+        static_argnames=('cfg', 'method', 'drafter', 'sampling', 'eos_id'),
         donate_argnames=('state',),
       )
       fns = (prefill, decode)
@@ -215,20 +213,18 @@ class Engine:
       self._warm.discard(old)
     return fns
 
-  def control_state(self, adaptive: AdaptiveConfig, sampling: SamplingConfig, verifier: str):
-    """The adaptive controller's state (host arrays) where that method's last batch left
-    it, or None before its first batch."""
-    return self._control.get((self.method(0, verifier, sampling, adaptive), sampling))
+  def control_state(self, method: Method, sampling: SamplingConfig):
+    """An adaptive method's controller state (host arrays) where its last batch left it,
+    or None before its first batch."""
+    return self._control.get((method, sampling))
 
-  def restore_control(
-    self, adaptive: AdaptiveConfig, sampling: SamplingConfig, verifier: str, leaves
-  ) -> None:
-    """Sets that method's controller state from `leaves` (control_state's leaves, in
-    order): a resumed run goes on from where the interrupted one left it."""
-    template = jax.device_get(adaptive_lib.init(adaptive))
+  def restore_control(self, method: Method, sampling: SamplingConfig, leaves) -> None:
+    """Sets an adaptive method's controller state from `leaves` (control_state's leaves,
+    in order): a resumed run goes on from where the interrupted one left it."""
+    template = jax.device_get(adaptive_lib.init(method.adaptive_config))
     leaves = [np.asarray(x, np.asarray(t).dtype) for x, t in zip(leaves, jax.tree.leaves(template))]
     state = jax.tree.unflatten(jax.tree.structure(template), leaves)
-    self._control[(self.method(0, verifier, sampling, adaptive), sampling)] = state
+    self._control[(method, sampling)] = state
 
   def reset_control(self) -> None:
     """Forgets what adaptive control learned: the next batch starts from the prior."""
@@ -283,67 +279,54 @@ class Engine:
       return jnp.asarray(x)
     return jax.device_put(x, sharding_lib.batch_sharding(self.mesh, x.shape))
 
-  def method(
-    self,
-    gamma: int = 0,
-    verifier: str = 'rejection',
-    sampling: SamplingConfig = SamplingConfig(),
-    adaptive: AdaptiveConfig | None = None,
-    tree: TreeSpec | None = None,
-  ) -> Method:
-    """Validates a (gamma, verifier) choice against this engine and the sampling.
+  def check(self, method: Method, sampling: SamplingConfig = SamplingConfig()) -> None:
+    """One ValueError naming what this engine cannot do of `method` under `sampling`
+    (no drafter, a tree it cannot draft, too deep for the cache, a greedy-only verifier
+    when sampling), before any batch is prepared."""
+    if not isinstance(method, Method):
+      raise TypeError(
+        f'generate takes a specjax.decode.method.Method (e.g. Method.chain(4), '
+        f"Method.parse('ngram@4')), got {method!r}"
+      )
+    method_lib.check(method, self.drafter, sampling)
+    if method.depth + 1 >= self.cache_size:
+      raise ValueError(
+        f'gamma={method.depth} is too large for cache_size {self.cache_size}: '
+        f'verification needs gamma + 1 slots and room for the prompt ({method.name})'
+      )
 
-    With `adaptive`, gamma is ignored: the method drafts up to its deepest setting.
-    With `tree` (a TreeSpec), gamma is the tree's depth.
-    """
-    if adaptive is not None:
-      gamma = adaptive.depth
-    if tree is not None:
-      gamma = tree.max_depth
-    if gamma and self.drafter is None:
-      raise ValueError(f'gamma={gamma} needs a drafter, and this engine has none')
-    if isinstance(gamma, int) and gamma + 1 >= self.cache_size:
-      raise ValueError(
-        f'gamma={gamma} is too large for cache_size {self.cache_size}: '
-        f'verification needs gamma + 1 slots and room for the prompt'
-      )
-    if registry.VERIFIERS.get(verifier).greedy_only and not sampling.greedy:
-      raise ValueError(
-        f'the {verifier} verifier is only lossless for greedy decoding, not at '
-        f'temperature {sampling.temperature}: use rejection or block'
-      )
-    drafter = self.drafter if gamma else None
-    if adaptive is not None:
-      drafter = drafter.resyncing(adaptive.max_wait)
-    return Method(gamma=gamma, verifier=verifier, drafter=drafter, adaptive=adaptive, tree=tree)
+  def drafter_for(self, method: Method) -> Drafter | None:
+    """The drafter that runs `method` in the loop: None for autoregressive decoding, and
+    under adaptive control one that resyncs after its longest wait."""
+    if not method.speculative:
+      return None
+    if method.is_adaptive:
+      return self.drafter.resyncing(method.adaptive_config.max_wait)
+    return self.drafter
 
   def generate(
     self,
     prompts: Sequence[Sequence[int]],
+    method: Method = AUTOREGRESSIVE,
     max_new_tokens: int | Sequence[int] = 64,
     sampling: SamplingConfig = SamplingConfig(),
     seed: int = 0,
-    gamma: int = 0,
-    verifier: str = 'rejection',
-    adaptive: AdaptiveConfig | None = None,
-    tree: TreeSpec | None = None,
   ) -> GenerationOutput:
     """Generates for a batch of token-id prompts (different lengths allowed).
 
-    gamma 0 is autoregressive decoding; gamma >= 1 drafts that many tokens per target
-    call with the engine's drafter and checks them with `verifier` (rejection, block,
-    or greedy for greedy decoding). `adaptive` instead lets a controller choose the
-    setting every iteration among off, adaptive.gammas and adaptive.trees; its state
-    carries over from one call to the next with the same settings, so it keeps learning
-    across a workload (`reset_control` forgets it). `tree` (a specjax.core.tree.TreeSpec)
-    drafts a token tree every iteration instead of a chain and verifies it in one target
-    forward; rows then need tree.nodes spare cache slots (adaptive trees: the largest's).
+    `method` (specjax.decode.method.Method) says how: autoregressive decoding, a chain
+    of k tokens drafted per target call with the engine's drafter, a token tree verified
+    in one target forward (rows then need its nodes as spare cache slots), or adaptive
+    control choosing among off, chains and trees every iteration, checked by its
+    verifier (rejection, block, or greedy for greedy decoding). An adaptive method's
+    controller state carries over from one call to the next with the same method, so it
+    keeps learning across a workload (`reset_control` forgets it).
 
     The first batch of a new shape (batch size, prompt bucket, output buffer, sampling)
     is preceded by a warm-up that compiles; its time is `compile_seconds` and is kept
     out of the prefill and decode timings.
     """
-    method = self.method(gamma, verifier, sampling, adaptive, tree)
+    self.check(method, sampling)
     tokens, lengths, max_new, out_len, cache_size = self.prepare(
       prompts, max_new_tokens, method.spare
     )
@@ -357,9 +340,10 @@ class Engine:
       # every setting once (each starts one warm-up as the controller's choice).
       start = time.perf_counter()
       controls = [None]
-      if method.adaptive is not None:
-        first = jax.device_get(adaptive_lib.init(method.adaptive))
-        controls = [first.replace(choice=np.int32(a)) for a in range(len(method.adaptive.arms))]
+      if method.is_adaptive:
+        config = method.adaptive_config
+        first = jax.device_get(adaptive_lib.init(config))
+        controls = [first.replace(choice=np.int32(a)) for a in range(len(config.arms))]
       warm = np.minimum(max_new, 2)
       for control in controls:
         self._run(
@@ -390,12 +374,16 @@ class Engine:
     what it learns is dropped."""
     prefill, decode = self._compiled[shape_key]
     start = time.perf_counter()
-    params = {'target': self.params, 'draft': self.draft_params if method.gamma else None}
+    drafter = self.drafter_for(method)
+    params = {'target': self.params, 'draft': self.draft_params if drafter else None}
     control = self._control.get((method, sampling))  # host copies: decode donates its state
     if warm_control is not None:
       control = warm_control
-    if method.adaptive is not None and control is None:  # a state, never None: no recompile
-      control = jax.device_get(adaptive_lib.init(method.adaptive))
+    if method.is_adaptive and control is None:  # a state, never None: no recompile
+      control = jax.device_get(adaptive_lib.init(method.adaptive_config))
+    static = dict(
+      cfg=self.cfg, method=method, drafter=drafter, sampling=sampling, eos_id=self.eos_id
+    )
     state = prefill(
       params,
       self._put(tokens),
@@ -403,18 +391,13 @@ class Engine:
       self._put(max_new),
       jax.random.key(seed),
       control,
-      cfg=self.cfg,
-      method=method,
-      sampling=sampling,
-      eos_id=self.eos_id,
       cache_size=cache_size,
       out_len=out_len,
+      **static,
     )
     jax.block_until_ready(state)
     mid = time.perf_counter()
-    state = decode(
-      params, state, cfg=self.cfg, method=method, sampling=sampling, eos_id=self.eos_id
-    )
+    state = decode(params, state, **static)
     out_tokens, counts, steps, accepted, drafted, stops, untrusted, finite = fetch(
       (
         state.tokens,
@@ -430,7 +413,7 @@ class Engine:
     end = time.perf_counter()
     self._check_finite(finite)
     switches = 0
-    if method.adaptive is not None:
+    if method.is_adaptive:
       final = fetch(state.spec.control)
       switches = int(final.switches) - int(control.switches)
       if warm_control is None:  # not a warm-up run
@@ -445,7 +428,7 @@ class Engine:
       stops=[] if stops is None else [s[a >= 0].tolist() for s, a in zip(stops, accepted)],
       drafted=_rows(drafted),
       untrusted=[] if untrusted is None else untrusted.tolist(),
-      gamma=method.gamma,
+      gamma=method.depth,
       switches=switches,
     )
 

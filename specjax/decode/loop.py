@@ -22,7 +22,9 @@ proposal, so a miss costs an ordinary decoding step) and `_adaptive` (adaptive c
 picks off, a chain or a tree each iteration; its arms are fixed methods built once, and
 each runs in an inner loop of its own for as long as the controller keeps it, the arms'
 loops one after another, so both caches are updated in place, even when the setting changes).
-`LoopSpec` carries the static settings every round reads.
+`LoopSpec` carries the static settings every round reads: the method (a frozen
+`specjax.decode.method.Method`, as the config named it), the drafter that runs it, the
+sampling.
 
 The target is called through its family (`cfg.family`, specjax/core/contract.py) and the
 verifier through the registry, so the loop names no architecture and no verifier. The
@@ -44,85 +46,10 @@ from specjax.core import sampling as sampling_lib
 from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter
 from specjax.core.state import DecodeState, commit
+from specjax.decode import method as method_lib
+from specjax.decode.method import Method
 from specjax.verify import common as verify_common
 from specjax.verify import tree as tree_verify
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  """Static description of a decoding method: gamma 0 is autoregressive decoding.
-
-  With `adaptive` set, every iteration picks its setting from off (a plain step),
-  adaptive.gammas and adaptive.trees (see specjax/control/adaptive.py); `gamma` is then
-  the deepest of them. With `tree`, every iteration drafts that tree; `gamma` is its depth.
-  """
-
-  gamma: int = 0
-  verifier: str = 'rejection'
-  drafter: Drafter | None = None
-  adaptive: adaptive_lib.AdaptiveConfig | None = None
-  tree: tree_lib.TreeSpec | None = None  # set: gamma is the tree's depth
-
-  def __post_init__(self):
-    trees = () if self.adaptive is None else self.adaptive.trees
-    if self.tree is not None:
-      if self.gamma != self.tree.max_depth:
-        raise ValueError(
-          f'a tree method has gamma = the tree depth {self.tree.max_depth}, got {self.gamma}'
-        )
-      if self.adaptive is not None:
-        raise ValueError(
-          'an adaptive method chooses its trees itself (AdaptiveConfig.trees): give no tree'
-        )
-    if self.tree is not None or trees:
-      if self.verifier == 'block':
-        raise ValueError(
-          'block verification is proved for chains only: verify trees with rejection or greedy'
-        )
-      if self.drafter is None:
-        raise ValueError('a tree method needs a drafter')
-      for spec in [self.tree] if self.tree is not None else self.tree_specs:
-        self.drafter.check_tree(spec)
-    if not isinstance(self.gamma, int) or self.gamma < 0:
-      raise ValueError(f'gamma must be an integer >= 0 (0 = autoregressive), got {self.gamma!r}')
-    if self.gamma > 0 and self.drafter is None:
-      raise ValueError(f'gamma={self.gamma} needs a drafter')
-    if self.adaptive is not None and self.gamma != self.adaptive.depth:
-      raise ValueError(
-        f'an adaptive method has gamma = its deepest setting {self.adaptive.depth}, '
-        f'got {self.gamma}'
-      )
-    if self.adaptive is not None and self.adaptive.schedule == 'confidence':
-      if not hasattr(self.drafter, 'confidences'):
-        raise ValueError(
-          f'a confidence schedule needs a drafter with a confidence head (dspark); '
-          f'{getattr(self.drafter, "name", self.drafter)} has none'
-        )
-    registry.VERIFIERS.get(self.verifier)
-
-  @property
-  def tree_specs(self) -> tuple[tree_lib.TreeSpec, ...]:
-    """The trees this method may draft (its own, or adaptive control's)."""
-    if self.tree is not None:
-      return (self.tree,)
-    trees = () if self.adaptive is None else self.adaptive.trees
-    return tuple(tree_lib.TreeSpec(shape=t) for t in trees)
-
-  @property
-  def spare(self) -> int:
-    """Cache slots a row needs beyond its tokens: the largest tree's nodes (0: chains)."""
-    return max((t.nodes for t in self.tree_specs), default=0)
-
-  @property
-  def arms(self) -> tuple[Method, ...]:
-    """Adaptive control's settings as fixed methods, by setting index (0: plain steps
-    that still keep the drafter's state in step)."""
-    out = []
-    for arm in self.adaptive.arms:
-      tree = None if isinstance(arm, int) else tree_lib.TreeSpec(shape=arm)
-      gamma = arm if tree is None else tree.max_depth
-      out.append(Method(gamma=gamma, verifier=self.verifier, drafter=self.drafter, tree=tree))
-    return tuple(out)
 
 
 def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
@@ -149,14 +76,18 @@ def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
 
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
-  """What a compiled loop decodes with: the target's config, the method, the sampling and
-  the EOS id (the jitted loop's static arguments). Every round and schedule reads its
-  settings here."""
+  """What a compiled loop decodes with: the target's config, the method, the drafter that
+  runs it (None: autoregressive decoding), the sampling and the EOS id (the jitted loop's
+  static arguments). Every round and schedule reads its settings here."""
 
   cfg: object
   method: Method
   sampling: sampling_lib.SamplingConfig
   eos_id: int
+  drafter: Drafter | None = None
+
+  def __post_init__(self):
+    method_lib.check(self.method, self.drafter)
 
   def with_method(self, method: Method) -> LoopSpec:
     return dataclasses.replace(self, method=method)
@@ -186,7 +117,7 @@ def _emit(
   is a tree iteration's stopping node (tree methods record 0 for plain steps);
   `untrusted` [B] bool, rows whose draft handed the verifier an untrusted q (counted).
   """
-  method = spec.method
+  drafter = spec.drafter
   start = state.cache.lengths
   record = lambda buf, x: buf.at[:, state.step].set(jnp.where(state.done, -1, x), mode='drop')
   ss = state.spec.replace(
@@ -198,19 +129,19 @@ def _emit(
     ss = ss.replace(untrusted=ss.untrusted + (untrusted & ~state.done).astype(jnp.int32))
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
   state = commit(state, new_tokens, accepted + 1, spec.eos_id)
-  if method.drafter is not None:
+  if drafter is not None:
     if features is not None:
-      draft_state = method.drafter.absorb(draft_state, features, start, state)
-    draft_state = method.drafter.rollback(draft_state, state)
+      draft_state = drafter.absorb(draft_state, features, start, state)
+    draft_state = drafter.rollback(draft_state, state)
   return state.replace(spec=ss.replace(draft=draft_state))
 
 
-def target_forward(params, tokens, cache, cfg, method: Method):
+def target_forward(params, tokens, cache, cfg, drafter: Drafter | None):
   """The target over tokens[B, T]: (logits, cache, features or None).
 
   Captures the drafter's `feature_layers` when it has some.
   """
-  capture = method.drafter.feature_layers if method.drafter is not None else ()
+  capture = drafter.feature_layers if drafter is not None else ()
   out = cfg.family.forward(params, tokens, cache, cfg, capture=capture)
   return out if capture else (*out, None)
 
@@ -227,15 +158,13 @@ def _split(state: DecodeState):
 def _propose(params, state: DecodeState, key, spec: LoopSpec):
   """The drafter's proposal: (draft, q, draft state); for a tree, draft is a TreeDraft
   (its q inside) and q is None."""
-  method = spec.method
-  if method.tree is not None:
-    draft, draft_state = method.drafter.propose_tree(
-      params['draft'], state.spec.draft, state, key, method.tree, spec.sampling
+  method, drafter = spec.method, spec.drafter
+  if method.tree_spec is not None:
+    draft, draft_state = drafter.propose_tree(
+      params['draft'], state.spec.draft, state, key, method.tree_spec, spec.sampling
     )
     return draft, None, draft_state
-  return method.drafter.propose(
-    params['draft'], state.spec.draft, state, key, method.gamma, spec.sampling
-  )
+  return drafter.propose(params['draft'], state.spec.draft, state, key, method.depth, spec.sampling)
 
 
 # Rounds: a plain step, a chain and a tree, each from its key to its emit.
@@ -245,11 +174,11 @@ def _plain(params, state: DecodeState, key, draft_state, spec: LoopSpec) -> Deco
   """One target token after the last, sampled with `key`; the drafter's state (which may
   be a proposal left unverified) is brought up to date by the emit step."""
   logits, cache, feats = target_forward(
-    params['target'], state.last_tokens[:, None], state.cache, spec.cfg, spec.method
+    params['target'], state.last_tokens[:, None], state.cache, spec.cfg, spec.drafter
   )
   token = sampling_lib.sample(logits[:, 0], key, spec.sampling)[:, None]
   zeros = jnp.zeros_like(state.num_generated)
-  token = jnp.pad(token, ((0, 0), (0, spec.method.gamma)))
+  token = jnp.pad(token, ((0, 0), (0, spec.method.depth)))
   return _emit(state, spec, token, zeros, zeros, cache, draft_state, features=feats)
 
 
@@ -261,10 +190,10 @@ def _chain(params, state, draft, q, draft_state, key, spec: LoopSpec, counted=Tr
     jnp.concatenate([state.last_tokens[:, None], draft], 1),
     state.cache,
     spec.cfg,
-    method,
+    spec.drafter,
   )
   new_tokens, accepted, drafted, untrusted = _verify(
-    logits, draft, q, key, method=method, sampling=spec.sampling, max_gamma=method.gamma
+    logits, draft, q, key, method=method, sampling=spec.sampling, max_gamma=method.depth
   )
   return _emit(
     state,
@@ -297,16 +226,16 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
   tokens = jnp.concatenate([state.last_tokens[:, None], draft.tokens], axis=1)  # [B, N+1]
   slots = start[:, None] + jnp.arange(n + 1, dtype=jnp.int32)
   mask = tree_lib.tree_mask(anc, start, state.cache.cache_size)
-  capture = method.drafter.feature_layers
+  capture = spec.drafter.feature_layers
   out = model.forward_masked(
     target, tokens, state.cache, cfg, start[:, None] + depth, slots, mask, capture=capture
   )
   logits, cache = out[:2]
   p = sampling_lib.probabilities(logits, sampling)
   path, accepted, nxt = tree_verify.verify_tree(
-    p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.gamma, anc=anc, depth=depth
+    p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.depth, anc=anc, depth=depth
   )
-  d = method.gamma
+  d = method.depth
   kept = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [B, D]
   offsets = jnp.arange(d + 1)
   new_tokens = jnp.where(offsets < accepted[:, None], jnp.pad(kept, ((0, 0), (0, 1))), nxt[:, None])
@@ -314,7 +243,7 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
   feats = None
   if capture:
     feats = jnp.take_along_axis(out[2], path[..., None], axis=1)  # the path's, in order
-  draft_state = method.drafter.accept_path(draft_state, draft, path, accepted)
+  draft_state = spec.drafter.accept_path(draft_state, draft, path, accepted)
   drafted = jnp.sum(draft.parents >= 0, axis=1).astype(jnp.int32)
   untrusted = None
   if draft.q is not None and not sampling.greedy:
@@ -341,7 +270,7 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
 def _verified(params, state, proposal, key, spec: LoopSpec, counted=True) -> DecodeState:
   """The chain or tree round that verifies `proposal` (_propose's)."""
   draft, q, draft_state = proposal
-  if spec.method.tree is not None:
+  if spec.method.tree_spec is not None:
     return _tree(params, state, draft, draft_state, key, spec, counted)
   return _chain(params, state, draft, q, draft_state, key, spec, counted)
 
@@ -354,7 +283,7 @@ def _verified(params, state, proposal, key, spec: LoopSpec, counted=True) -> Dec
 def _every_iteration(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   """One round of the method: a plain step (gamma 0), or draft and verify."""
   after, k_draft, k_verify = _split(state)
-  if spec.method.gamma == 0:
+  if not spec.method.speculative:
     return _plain(params, after, k_verify, state.spec.draft, spec)
   return _verified(params, after, _propose(params, state, k_draft, spec), k_verify, spec)
 
@@ -364,7 +293,7 @@ def _until_proposal(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   of their own while no row of the batch has a proposal, then one verification. Neither
   sits inside a branch, so both update the target cache in place (inside a lax.cond XLA
   would copy it). Each plain step counts as one iteration."""
-  drafter = spec.method.drafter
+  drafter = spec.drafter
 
   def propose(s):
     after, k_draft, k_verify = _split(s)
@@ -386,7 +315,7 @@ def _until_proposal(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
 
 def _fixed(spec: LoopSpec):
   """The schedule of a method without adaptive control: f(params, state) -> state."""
-  if spec.method.gamma and spec.method.drafter.skip_when_empty:
+  if spec.method.speculative and spec.drafter.skip_when_empty:
     return functools.partial(_until_proposal, spec=spec)
   return functools.partial(_every_iteration, spec=spec)
 
@@ -395,7 +324,7 @@ def _controlled(params, state: DecodeState, *, run, arm: int, spec: LoopSpec) ->
   """One iteration of adaptive arm `arm` (its fixed schedule `run`), then the
   controller's update from what it recorded; under a confidence schedule, the next
   iteration's arm from the drafter's confidences (_scheduled)."""
-  config = spec.method.adaptive
+  config = spec.method.adaptive_config
   before = state.step
   state = run(params, state)
   last = jnp.maximum(state.step - 1, 0)
@@ -412,7 +341,7 @@ def _scheduled(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   """Chooses the next iteration's arm from the drafter's confidences in the block it will
   propose then (read before any token of it is drawn; its cache caught up here, which a
   proposal would do anyway, so plain steps never leave it behind)."""
-  config, drafter = spec.method.adaptive, spec.method.drafter
+  config, drafter = spec.method.adaptive_config, spec.drafter
   conf, draft_state = drafter.confidences(params['draft'], state.spec.draft, state, config.depth)
   choice = scheduled_lib.choose(config, conf, state.done)
   control = state.spec.control.replace(choice=choice)
@@ -438,7 +367,7 @@ def _adaptive(params, state: DecodeState, spec: LoopSpec) -> DecodeState:
   Every iteration runs the setting the controller chooses at that moment, as a switch per
   iteration would; each pass of the outer loop runs at least one iteration (the setting
   chosen at the end of one setting's loop comes later in this pass or first in the next)."""
-  config, arms = spec.method.adaptive, _arms(spec)
+  config, arms = spec.method.adaptive_config, _arms(spec)
   # (clipped, as lax.switch clips its index: an arm outside the range never runs, and the
   # outer loop would spin)
   choose = lambda s: jnp.clip(adaptive_lib.choose(config, s.spec.control), 0, len(arms) - 1)
@@ -465,14 +394,16 @@ def step(
   method: Method,
   sampling: sampling_lib.SamplingConfig,
   eos_id: int,
+  drafter: Drafter | None = None,
 ) -> DecodeState:
   """One iteration for every row (done rows compute but do not change). Under adaptive
   control, one iteration of the setting the controller picks (a lax.switch, so the arms
   copy the target cache; `decode` avoids that)."""
-  spec = LoopSpec(cfg, method, sampling, eos_id)
-  if method.adaptive is not None:
+  spec = LoopSpec(cfg, method, sampling, eos_id, drafter)
+  if method.is_adaptive:
     arms = [functools.partial(arm, params) for arm in _arms(spec)]
-    return jax.lax.switch(adaptive_lib.choose(method.adaptive, state.spec.control), arms, state)
+    choice = adaptive_lib.choose(method.adaptive_config, state.spec.control)
+    return jax.lax.switch(choice, arms, state)
   return _fixed(spec)(params, state)
 
 
@@ -484,10 +415,11 @@ def decode(
   method: Method,
   sampling: sampling_lib.SamplingConfig,
   eos_id: int,
+  drafter: Drafter | None = None,
 ) -> DecodeState:
   """Runs the method's schedule inside one lax.while_loop until every row is done."""
-  spec = LoopSpec(cfg, method, sampling, eos_id)
-  if method.adaptive is not None:
+  spec = LoopSpec(cfg, method, sampling, eos_id, drafter)
+  if method.is_adaptive:
     return _adaptive(params, state, spec)
   body = functools.partial(_fixed(spec), params)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 
 from specjax.control import adaptive as adaptive_lib
 from specjax.core import sampling as sampling_lib
+from specjax.core.contract import Drafter
 from specjax.core.state import DecodeState, SpecState, commit
-from specjax.decode.loop import Method
+from specjax.decode.method import Method
 
 
 def prefill(
@@ -29,6 +30,7 @@ def prefill(
   out_len: int,
   pad_id: int = 0,
   constrain_cache=None,
+  drafter: Drafter | None = None,
 ) -> DecodeState:
   """Target prefill and first token, the drafter's own prefill, empty records.
 
@@ -36,14 +38,16 @@ def prefill(
   [B, P] are right-padded (real lengths prompt_lens[B]); `constrain_cache`, if given, maps
   a cache to itself with sharding constraints. `control` is the adaptive controller's
   starting state (e.g. where the previous batch left it); None starts from its prior.
+  `drafter` runs the method's drafts (None: autoregressive decoding).
   """
+  drafter = drafter if method.speculative else None
   target = params['target']
   b = prompt_tokens.shape[0]
   model = cfg.family
   cache = model.init_cache(cfg, b, cache_size, target['embed'].dtype)
   if constrain_cache is not None:
     cache = constrain_cache(cache)
-  capture = method.drafter.feature_layers if method.gamma else ()
+  capture = drafter.feature_layers if drafter is not None else ()
   out = model.forward_hidden(target, prompt_tokens, cache, cfg, capture=capture)
   hidden, cache = out[:2]  # [B, P, D]
   last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
@@ -62,21 +66,21 @@ def prefill(
   )
   state = commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
   draft_state = None
-  if method.gamma:
+  if drafter is not None:
     extra = {'features': out[2]} if capture else {}  # the prompt's, for feature heads
-    if method.drafter.reads_target_cache:
+    if drafter.reads_target_cache:
       extra['target_cache'] = cache
-    draft_state = method.drafter.init(
+    draft_state = drafter.init(
       params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache, **extra
     )
-  if method.adaptive is not None and control is None:
-    control = adaptive_lib.init(method.adaptive)
+  if method.is_adaptive and control is None:
+    control = adaptive_lib.init(method.adaptive_config)
   history = jnp.full((b, out_len), -1, jnp.int32)  # per row, iteration
   spec = SpecState(
     accepted=history,
     drafted=history,
     draft=draft_state,
-    control=control if method.adaptive is not None else None,
+    control=control if method.is_adaptive else None,
     stops=history if method.tree_specs else None,
     untrusted=jnp.zeros((b,), jnp.int32),
     target_finite=jnp.all(jnp.isfinite(logits), axis=-1),

@@ -14,7 +14,6 @@ draft's confidence head: control/scheduled.py) or '<draft>@<tree>' (a token tree
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 
 import jax
@@ -24,6 +23,7 @@ from specjax import config_lib, registry
 from specjax.checkpoints import loader
 from specjax.core import tree as tree_lib
 from specjax.core.sampling import SamplingConfig
+from specjax.decode.method import AUTOREGRESSIVE, Method
 from specjax.models import sharding
 
 # Every field of a run config (configs/smollm2.py), with what it holds.
@@ -79,7 +79,7 @@ def _check_int(config, field: str, low: int) -> None:
   )
 
 
-def validate(config: ml_collections.ConfigDict) -> list[MethodName]:
+def validate(config: ml_collections.ConfigDict) -> list[Method]:
   """Checks the whole run config; returns the methods it runs (see build_methods)."""
   c = config
   check_fields(c, FIELDS)
@@ -178,7 +178,7 @@ def _check_quick_method(c) -> None:
   config_lib.check(
     quick.draft != '', 'quick_method', c.quick_method, "a speculative method such as 'ngram@2'"
   )
-  if quick.adaptive and not has_adaptive(c):
+  if quick.is_adaptive and not has_adaptive(c):
     raise ValueError(
       f'config.quick_method = {c.quick_method!r} needs config.adaptive_gammas (or '
       "adaptive_trees); or pick a fixed gamma such as 'ngram@2'"
@@ -208,7 +208,7 @@ def check_depths(config, methods) -> None:
         f'method {m.name}: its tree has {tree.nodes} nodes, but config.cache_size = '
         f'{config.cache_size} (a verification writes every node and one more token)'
       )
-    for shape in adaptive_trees(config) if m.adaptive else ():
+    for shape in adaptive_trees(config) if m.is_adaptive else ():
       if shape.size + 1 >= config.cache_size:
         raise ValueError(
           f'config.adaptive_trees: a {shape.describe()} does not fit config.cache_size = '
@@ -220,7 +220,7 @@ def check_depths(config, methods) -> None:
       raise ValueError(
         f'method {m.name}: the draft {m.draft} drafts at most {kind.max_depth} tokens deep, '
         f'but this method asks for {depth}'
-        + (' (config.adaptive_gammas / adaptive_trees)' if m.adaptive else '')
+        + (' (config.adaptive_gammas / adaptive_trees)' if m.is_adaptive else '')
       )
 
 
@@ -289,56 +289,10 @@ def has_adaptive(config) -> bool:
   return bool(config.adaptive_gammas) or bool(tuple(config.get('adaptive_trees', ())))
 
 
-@dataclasses.dataclass(frozen=True)
-class MethodName:
-  """A method as a run names it: 'autoregressive', '<draft>@<gamma>', '<draft>@adaptive' or
-  '<draft>@<tree>' (`tree` its text; gamma 0 then)."""
-
-  name: str
-  draft: str = ''
-  gamma: int = 0
-  adaptive: bool = False
-  tree: str = ''
-  schedule: str = ''  # 'confidence' ('<draft>@scheduled'): adaptive, from the draft's confidences
-
-  @property
-  def tree_spec(self) -> tree_lib.TreeSpec | None:
-    return tree_lib.parse_tree(self.tree) if self.tree else None
-
-
-AUTOREGRESSIVE = MethodName('autoregressive')
-
-
-def parse_method(text: str) -> MethodName:
-  text = text.strip()
-  if text == 'autoregressive':
-    return AUTOREGRESSIVE
-  draft, at, setting = text.rpartition('@')
-  usage = (
-    f'expected "autoregressive", "<draft>@<gamma>", "<draft>@adaptive", "<draft>@scheduled" '
-    f'(drafts with a confidence head) or "<draft>@<tree>" '
-    f'(a tree: {tree_lib.TREE_USAGE}), with a draft one of: {", ".join(registry.DRAFTS.names)}'
-  )
-  if not at or not draft:
-    raise ValueError(f'unknown method {text!r}: {usage}')
-  if setting == 'adaptive':
-    return MethodName(text, draft, 0, True)
-  if setting == 'scheduled':
-    if registry.parse_draft(draft)[0] is not registry.DRAFTS.get('dspark'):
-      raise ValueError(
-        f'method {text!r}: a confidence-scheduled verification needs a draft with a '
-        'confidence head (dspark:...)'
-      )
-    return MethodName(text, draft, 0, True, schedule='confidence')
-  if not setting.isdigit():
-    try:
-      tree_lib.parse_tree(setting)
-    except ValueError:
-      raise ValueError(f'unknown method {text!r}: {usage}') from None
-    return MethodName(text, draft, 0, False, setting)
-  gamma = int(setting)
-  config_lib.check(gamma >= 1, 'methods', text, 'a draft length >= 1 after the @')
-  return MethodName(text, draft, gamma)
+def parse_method(text: str, verifier: str = 'rejection') -> Method:
+  """A method as a run names it (Method.parse): 'autoregressive', '<draft>@<gamma>',
+  '<draft>@adaptive', '<draft>@scheduled' or '<draft>@<tree>'."""
+  return Method.parse(text, verifier)
 
 
 def is_quick(config) -> bool:
@@ -348,7 +302,7 @@ def is_quick(config) -> bool:
   return bool(config.prompt and config.quick and not config.methods)
 
 
-def build_methods(config) -> list[MethodName]:
+def build_methods(config) -> list[Method]:
   """Autoregressive first, then every draft at every gamma (and adaptive), or config.methods.
 
   The declared set is config.drafts x config.gammas, plus '<draft>@adaptive' per draft
@@ -357,13 +311,13 @@ def build_methods(config) -> list[MethodName]:
   one-prompt run (is_quick) runs autoregressive decoding and config.quick_method.
   """
   if is_quick(config):
-    return [AUTOREGRESSIVE, parse_method(config.quick_method)]
+    return [AUTOREGRESSIVE, parse_method(config.quick_method, config.verifier)]
   declared = [AUTOREGRESSIVE]
   for spec in config.drafts:
-    declared += [MethodName(f'{spec}@{g}', spec, g) for g in config.gammas]
+    declared += [parse_method(f'{spec}@{g}', config.verifier) for g in config.gammas]
     if has_adaptive(config):
-      declared.append(MethodName(f'{spec}@adaptive', spec, 0, True))
-    declared += [MethodName(f'{spec}@{t}', spec, 0, False, t) for t in config.get('trees', ())]
+      declared.append(parse_method(f'{spec}@adaptive', config.verifier))
+    declared += [parse_method(f'{spec}@{t}', config.verifier) for t in config.get('trees', ())]
   if not config.methods:
     return declared
   known = {m.name: m for m in declared}
@@ -372,10 +326,10 @@ def build_methods(config) -> list[MethodName]:
     if not text.strip():
       continue
     try:
-      method = known.get(text.strip()) or parse_method(text)
+      method = known.get(text.strip()) or parse_method(text, config.verifier)
     except ValueError as e:
       raise ValueError(f'config.methods: {e}; this config declares: {", ".join(known)}') from None
-    if method.adaptive and not has_adaptive(config):
+    if method.is_adaptive and not has_adaptive(config):
       raise ValueError(
         f'config.methods: {method.name} needs config.adaptive_gammas or config.adaptive_trees'
       )

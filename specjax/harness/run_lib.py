@@ -33,6 +33,7 @@ from specjax.core.tree import TreeSpec
 from specjax.data import prompts as prompts_lib
 from specjax.data import specbench
 from specjax.decode.engine import Engine, NonFiniteLogits
+from specjax.decode.method import Adaptive
 from specjax.drafters import ModelDrafter
 from specjax.drafters.multilevel import MultiLevelDrafter
 from specjax.harness import pair_check, report, run_config, verdict
@@ -145,7 +146,7 @@ def describe_mesh(engines) -> str:
 def adaptive_trees_of(config, engine, methods, spec: str) -> tuple:
   """The config's adaptive trees this draft's adaptive method can draft (static shapes;
   prompt lookup, which drafts only tries, keeps to chains)."""
-  if not any(m.adaptive and m.draft == spec for m in methods):
+  if not any(m.is_adaptive and m.draft == spec for m in methods):
     return ()
   out = []
   for shape in run_config.adaptive_trees(config):
@@ -207,13 +208,13 @@ def tune_kernels(config, engines, methods, trees_of, cache_size: int, say, quick
   start = time.perf_counter()
   drafted = sorted({m.draft for m in methods if m.draft})
   gammas = {m.gamma for m in methods if m.gamma}
-  if any(m.adaptive for m in methods):
+  if any(m.is_adaptive for m in methods):
     gammas |= set(config.adaptive_gammas)
   if drafted and config.measure_costs and not quick:
     gammas |= set(COST_GAMMAS)
   rows = {1} | {g + 1 for g in gammas}
   for m in methods:
-    rows |= {m.tree_spec.nodes + 1} if m.tree else set()
+    rows |= {m.tree_spec.nodes + 1} if m.tree_spec is not None else set()
     rows |= {t.size + 1 for t in trees_of.get(m.name, ())}
   rows = {r for r in rows if r < cache_size}
   batch, repeats, base = config.batch_size, 3 if quick else 5, engines['']
@@ -271,7 +272,7 @@ def skip_hopeless(config, engines, methods, costs, say) -> list:
       line += f'; skipping {", ".join(m.name for m in fixed)}'
       out = [m for m in out if m not in fixed]
     if (
-      any(m.draft == spec and m.adaptive for m in methods)
+      any(m.draft == spec and m.is_adaptive for m in methods)
       and not AdaptiveConfig.from_costs(
         c, config.adaptive_gammas, trees, catch_up_cost=catch_up_cost(engines[spec].drafter, c)
       ).can_pay
@@ -294,7 +295,6 @@ def decode_all(
   workload,
   encoded,
   tokenizer,
-  adaptive,
   say,
   keep=lambda recs: None,
   done=(),
@@ -334,13 +334,10 @@ def decode_all(
           asked, ids = _turn_inputs(workload, encoded, tokenizer, chat, rows, turn)
           out = engines[m.draft].generate(
             ids,
-            config.max_new_tokens,
-            sampling,
+            m,
+            max_new_tokens=config.max_new_tokens,
+            sampling=sampling,
             seed=config.seed + i + (turn - 1) * len(workload),
-            gamma=m.gamma,
-            verifier=config.verifier,
-            adaptive=adaptive.get(m.name),
-            tree=m.tree_spec,
           )
           seconds = out.compile_seconds
           recs = [
@@ -403,14 +400,13 @@ class ControlStates:
   resumed run's controllers go on from where the interrupted run's were."""
 
   engines: dict
-  adaptive: dict  # method name -> AdaptiveConfig
+  methods: dict  # adaptive method name -> its Method (with its AdaptiveConfig)
   sampling: SamplingConfig
-  verifier: str
 
-  def save(self, out_dir: pathlib.Path, drafts: dict) -> None:
+  def save(self, out_dir: pathlib.Path) -> None:
     arrays = {}
-    for name, spec in drafts.items():
-      state = self.engines[spec].control_state(self.adaptive[name], self.sampling, self.verifier)
+    for name, m in self.methods.items():
+      state = self.engines[m.draft].control_state(m, self.sampling)
       for i, leaf in enumerate(jax.tree.leaves(state) if state is not None else ()):
         arrays[f'{name}/{i:03d}'] = np.asarray(leaf)
     if arrays:
@@ -423,12 +419,10 @@ class ControlStates:
     if not path.exists():
       return
     with np.load(path) as saved:
-      for name, config in self.adaptive.items():
+      for name, m in self.methods.items():
         keys = sorted(k for k in saved.files if k.rpartition('/')[0] == name)
         if keys:
-          spec = name.rpartition('@')[0]
-          leaves = [saved[k] for k in keys]
-          self.engines[spec].restore_control(config, self.sampling, self.verifier, leaves)
+          self.engines[m.draft].restore_control(m, self.sampling, [saved[k] for k in keys])
 
 
 def resumed_records(out_dir: pathlib.Path, config, say) -> list[dict]:
@@ -654,8 +648,8 @@ def open_session(
       encoded.append(model.tokenizer.encode_chat(p.text))
     except ValueError as e:
       raise ValueError(f'prompt {p.id!r}: {e}') from None
-  spare = max((m.tree_spec.nodes for m in methods if m.tree), default=0)
-  if any(m.adaptive for m in methods):
+  spare = max((m.spare for m in methods), default=0)
+  if any(m.is_adaptive for m in methods):
     spare = max([spare] + [s.size for s in run_config.adaptive_trees(config)])
   check_cache_fits(config, plan.workload, encoded, model.tokenizer, spare)
   engines = build_engines(config, model, methods, built)
@@ -663,13 +657,13 @@ def open_session(
     say(describe_mesh(engines))
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   for m in methods:  # a drafter that cannot draft a tree says so before any decoding
-    if m.tree:
+    if m.tree_spec is not None:
       try:
-        engines[m.draft].method(verifier=config.verifier, sampling=sampling, tree=m.tree_spec)
+        engines[m.draft].check(m, sampling)
       except ValueError as e:
         raise ValueError(f'method {m.name}: {e}') from None
   trees_of = {}
-  for m in (m for m in methods if m.adaptive):
+  for m in (m for m in methods if m.is_adaptive):
     trees_of[m.name] = adaptive_trees_of(config, engines[m.draft], methods, m.draft)
     if len(trees_of[m.name]) < len(run_config.adaptive_trees(config)):
       say(f'{m.name}: this draft cannot fill static trees; it chooses among chains')
@@ -705,7 +699,7 @@ def decide(plan: Plan, session: Session, known: dict[str, Costs] | None = None) 
     session.encoded[: config.batch_size], config.max_new_tokens
   )
   # Adaptive control needs its drafts' costs even where the run measures none.
-  timed = {m.draft for m in methods if m.adaptive}
+  timed = {m.draft for m in methods if m.is_adaptive}
   if config.measure_costs and not plan.short_costs:
     timed |= {m.draft for m in methods}
   timed = {spec: e for spec, e in engines.items() if not spec or spec in timed}
@@ -730,13 +724,14 @@ def decide(plan: Plan, session: Session, known: dict[str, Costs] | None = None) 
       schedule=m.schedule or 'controller',
     )
     for m in methods
-    if m.adaptive
+    if m.is_adaptive
   }
+  methods = [m.with_plan(Adaptive(adaptive[m.name])) if m.is_adaptive else m for m in methods]
   if saved is None:
     methods = skip_hopeless(config, engines, methods, costs, say)
   else:
     methods = [m for m in methods if m.name in saved['methods']]
-  controls = ControlStates(engines, adaptive, session.sampling, config.verifier)
+  controls = ControlStates(engines, {m.name: m for m in methods if m.is_adaptive}, session.sampling)
   if saved is not None:
     controls.restore(plan.out_dir)
   elif plan.lead:
@@ -768,7 +763,7 @@ def decode_run(plan: Plan, session: Session, decisions: Decisions) -> Run:
   def keep(recs):
     if plan.lead:
       report.append_records(out_dir, recs)
-      decisions.controls.save(out_dir, {m.name: m.draft for m in methods if m.adaptive})
+      decisions.controls.save(out_dir)
 
   try:
     records, compile_seconds, inputs = decode_all(
@@ -778,7 +773,6 @@ def decode_run(plan: Plan, session: Session, decisions: Decisions) -> Run:
       plan.workload,
       session.encoded,
       session.model.tokenizer,
-      decisions.adaptive,
       plan.say,
       keep,
       plan.done,
@@ -790,7 +784,7 @@ def decode_run(plan: Plan, session: Session, decisions: Decisions) -> Run:
       raise ValueError(f'model {config.model} in {config.dtype}: {e}') from None
     raise
   broken = untrusted_drafts(records, plan.say)
-  plans = {m.name: (m.draft, m.gamma, m.adaptive, m.tree) for m in methods}
+  plans = {m.name: m for m in methods}
   summaries, categories = metrics.summarize(records, compile_seconds, plans, decisions.costs)
   if config.temperature == 0 and 'autoregressive' in records:
     count_near_ties(session.target, summaries, records, inputs)

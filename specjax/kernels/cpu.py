@@ -88,8 +88,15 @@ MIN_WEIGHTS = 1 << 16  # smaller products (tiny test models) stay with XLA: a ca
 # than either (a 2-token verification at 1.6 steps with AVX2 kernels, 1.2 on XLA alone).
 MARGIN = 0.9
 # Part of the decisions' file name: decisions made by an earlier way of measuring (v1 timed
-# inside the trace, where nothing ran) are never reused.
-DISPATCH_VERSION = 2
+# inside the trace, where nothing ran; v2 did not record how busy the machine was) are
+# never reused.
+DISPATCH_VERSION = 3
+# A timing taken while other processes used more than this share of the machine's CPU
+# time is marked busy (`others_load`): a busy machine's timings chose XLA and per-product
+# dispatch where a quiet one chose kernels, and a choice is kept on disk. A busy record is
+# timed again by the first process that finds the machine quiet (`quiet_now`), and used as
+# it is while the machine stays busy (a test suite's workers, a training run beside).
+BUSY = 0.25
 # SPECJAX_CPU_FLOAT_KERNELS=0 keeps float32 products (nk, kn) with XLA untimed, block
 # products still measured. The float32 'kn' kernel splits K so that each thread streams
 # contiguous rows of the weight; its first form split the columns and walked the rows with
@@ -302,6 +309,52 @@ def status() -> str:
 # ---- measured dispatch ----------------------------------------------------------------
 
 
+def _jiffies() -> tuple[int, int] | None:
+  """(CPU time every CPU of the machine spent busy, CPU time this process spent), in clock
+  ticks, from /proc; None where it cannot be read (not Linux)."""
+  try:
+    with open('/proc/stat') as f:
+      cpu = [int(x) for x in f.readline().split()[1:9]]
+    with open('/proc/self/stat') as f:
+      own = f.read().rsplit(')', 1)[1].split()  # fields from the 3rd: utime is the 14th
+    return sum(cpu) - cpu[3] - cpu[4], int(own[11]) + int(own[12])  # less idle and iowait
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+@contextlib.contextmanager
+def others_load():
+  """Yields a list that afterwards holds the share (0-1) of the machine's CPU time other
+  processes used while the block ran (stolen time included); empty where /proc cannot be
+  read or the block was too short to tell (under a clock tick per CPU)."""
+  out: list = []
+  start, t0 = _jiffies(), time.monotonic()
+  try:
+    yield out
+  finally:
+    end, wall, cpus = _jiffies(), time.monotonic() - t0, os.cpu_count() or 1
+    capacity = os.sysconf('SC_CLK_TCK') * wall * cpus  # clock ticks the CPUs had
+    if start is not None and end is not None and capacity >= cpus:
+      others = (end[0] - start[0]) - (end[1] - start[1])
+      out.append(round(min(1.0, max(0.0, others / capacity)), 3))
+
+
+def quiet_now(seconds: float = 0.3) -> bool:
+  """Whether other processes leave this machine quiet (under BUSY of its CPU time, over
+  `seconds` of sleep); asked once a process. True where it cannot tell."""
+  with _lock:
+    if 'quiet' not in _state:
+      with others_load() as load:
+        time.sleep(seconds)
+      _state['quiet'] = not load or load[0] < BUSY
+    return _state['quiet']
+
+
+def _stale(record: dict) -> bool:
+  """A choice timed on a busy machine, now quiet: to be timed again."""
+  return record.get('busy', 0.0) > BUSY and quiet_now()
+
+
 def _decisions_path(isa: str) -> pathlib.Path:
   optimised = not jax.config.read('jax_disable_most_optimizations')
   tag = '' if optimised else '-unoptimised'
@@ -426,7 +479,7 @@ def bucket(rows: int) -> int:
 # (`bench/costs.tune_forwards` times them; `tune` records the choice).
 
 _forcing: contextvars.ContextVar = contextvars.ContextVar('specjax_cpu_forcing', default=None)
-FORWARDS_VERSION = 1
+FORWARDS_VERSION = 2  # v1 did not record how busy the machine was
 # Another policy replaces per-product dispatch only when its forward is this much faster:
 # the fastest of a few timings differs by 1-2% between runs, and a choice is kept.
 FORWARD_MARGIN = 0.97
@@ -495,21 +548,27 @@ def _forwards() -> dict:
 
 def tuned(model: str, rows: int) -> dict | None:
   """The recorded forward-level choice for `model` (a key of its weights' shapes) at this
-  row bucket on this machine, applied to its products; None if never measured."""
+  row bucket on this machine, applied to its products; None if never measured, or if it
+  was measured on a busy machine and this one is quiet now (to be measured again)."""
   with _lock:
     record = _forwards().get(model, {}).get(str(bucket(rows)))
+    if record is not None and _stale(record):
+      return None
     if record is not None:
       _apply(model, rows, record)
     return record
 
 
-def tune(model: str, rows: int, ms: dict[str, float], products) -> dict:
+def tune(model: str, rows: int, ms: dict[str, float], products, busy: float | None = None) -> dict:
   """Records that `model`'s forward at this row bucket ran `ms` {policy: ms} and applies
-  the fastest policy to its `products` (the keys `forcing` collected)."""
+  the fastest policy to its `products` (the keys `forcing` collected); `busy`: the share
+  of the CPUs other processes used meanwhile (others_load; None: not known)."""
   use = min(ms, key=ms.get)
   if 'auto' in ms and ms[use] > FORWARD_MARGIN * ms['auto']:
     use = 'auto'  # a near-tie keeps per-product dispatch
   record = {'ms': {p: round(t, 3) for p, t in ms.items()}, 'use': use, 'products': sorted(products)}
+  if busy is not None:
+    record['busy'] = busy
   with _lock:
     _forwards().setdefault(model, {})[str(bucket(rows))] = record
     _apply(model, rows, record)
@@ -521,7 +580,9 @@ def _apply(model: str, rows: int, record: dict) -> None:
   """Gives `record`'s products its path, except those a model applied earlier holds: a
   layer-skip draft runs the target's own products, and keeps the target's choice."""
   applied = _state.setdefault('applied', {})
-  applied[f'{model} rows<={bucket(rows)}'] = {'use': record['use'], 'ms': record['ms']}
+  applied[f'{model} rows<={bucket(rows)}'] = {
+    k: record[k] for k in ('use', 'ms', 'busy') if k in record
+  }
   chosen = _state.setdefault('chosen', {})
   for key in record['products']:
     if chosen.get(key, (model,))[0] == model:
@@ -574,12 +635,14 @@ def _dispatch(key: str, timer, owned: bool = True) -> str | None:
         _state.setdefault('used', {})[key] = policy
       return None if policy == 'xla' else policy
     table = _decisions(isa)
-    if key not in table:
+    if key not in table or _stale(table[key]):
       # In a thread of its own: this runs while a forward is traced, and in the tracing
       # thread every array operation, timed calls included, would be staged into it.
-      with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      with others_load() as load, concurrent.futures.ThreadPoolExecutor(1) as pool:
         record = pool.submit(timer, isa).result()
       record['use'] = isa if record['kernel_us'] < MARGIN * record['xla_us'] else 'xla'
+      if load:
+        record['busy'] = load[0]
       table[key] = record
       _save(isa)
     use = table[key]['use']

@@ -168,7 +168,7 @@ class Probe:
     cache = max(len(e) for e in self.encoded) + config.max_new_tokens + 8
     engine = Engine(self.ref.params, self.ref.cfg, eos_id=tok.eos_id, cache_size=cache)
     say(f'reference {reference.name}: answering {len(self.prompts)} prompts greedily')
-    out = engine.generate(self.encoded, config.max_new_tokens)
+    out = engine.generate(self.encoded, max_new_tokens=config.max_new_tokens)
     self.answers = [list(t) for t in out.tokens]
     self.timer = speed.Timer(self.ref, config.gamma, cache) if config.speed else None
 

@@ -203,13 +203,14 @@ def task(config, progress=print) -> Task:
   """What specjax.train.trainer.train runs for a config of kind 'dspark'."""
   from specjax.checkpoints import dspark as dspark_ckpt
 
+  if config.drafter.get('freeze_block') and not config.drafter.get('init_from'):
+    # (before the setup loads the target and the feature data)
+    raise ValueError('drafter.freeze_block needs drafter.init_from (a trained block)')
   s = dflash_block.setup(config, progress)
   heads = jax.tree.map(jnp.asarray, initial_heads(config, s.cfg))
   params = {'block': s.init_params, 'heads': heads}
   frozen = s.frozen
   if config.drafter.get('freeze_block'):  # the heads learn on a trained block that stays
-    if not config.drafter.get('init_from'):
-      raise ValueError('drafter.freeze_block needs drafter.init_from (a trained block)')
     params, frozen = {'heads': heads}, {**s.frozen, 'block': s.init_params}
   optimizer = make_optimizer(config)
   progress('the target argmax at every training position (the confidence labels)')
