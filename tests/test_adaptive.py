@@ -552,7 +552,7 @@ def test_adaptive_trees_are_refused_where_they_cannot_run(target):
     lookup.check(Method.adaptive(WITH_TREES))
   drafter, small = drafts(target)['random tiny model']
   with pytest.raises(ValueError, match='block verification is proved for chains only'):
-    Method.adaptive(WITH_TREES, 'block')
+    engine_with(target, drafter, small).check(Method.adaptive(WITH_TREES, 'block'))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent("""
     from specjax.core.sampling import SamplingConfig
     from specjax.decode.engine import Engine
     from specjax.drafters import ModelDrafter, truncated_target
+    from specjax.decode.method import Method
     from specjax.models import sharding
     assert jax.process_count() == n and jax.device_count() == 2, jax.devices()
     cfg, params = testing.tiny_model(seed=3, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -34,8 +35,8 @@ SCRIPT = textwrap.dedent("""
                    drafter=ModelDrafter(draft_cfg), draft_params=draft)
     out = {
         'local_devices': jax.local_device_count(),
-        'greedy': model.generate(prompts, 10, gamma=3, verifier='greedy').tokens,
-        'sampled': model.generate(prompts, 10, s, seed=3, gamma=3).tokens,
+        'greedy': model.generate(prompts, Method.chain(3, 'greedy'), 10).tokens,
+        'sampled': model.generate(prompts, Method.chain(3), 10, s, seed=3).tokens,
     }
     print('RESULT' + json.dumps(out), flush=True)
 """)

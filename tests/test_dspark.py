@@ -231,7 +231,7 @@ def test_a_scheduled_method_runs_through_the_harness(tmp_path):
   summary = run_lib.main(config, str(tmp_path), verbose=False)
   assert summary['methods']['dspark:random@scheduled']['greedy_mismatches'] == 0
   method = run_config.parse_method('dspark:random@scheduled')
-  assert method.adaptive and method.schedule == 'confidence'
+  assert method.is_adaptive and method.schedule == 'confidence'
   with pytest.raises(ValueError, match='needs a draft with a confidence head'):
     run_config.parse_method('ngram@scheduled')
 

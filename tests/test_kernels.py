@@ -293,16 +293,19 @@ def test_a_choice_timed_on_a_busy_machine_is_timed_again_once_it_is_quiet(fresh,
   assert cpu.path('kn', 1536, 576, 2) is None and len(calls) == 1
   saved = lambda: json.loads(next(fresh.glob('dispatch-*.json')).read_text())
   assert saved()['kn 1536x576 rows<=2']['busy'] == 0.6
-  new_process = lambda quiet: cpu._state.update(decisions={}, quiet=quiet)
+  new_process = lambda quiet: cpu._state.update(decisions={}, quiet=quiet, retimed=set())
   new_process(quiet=False)  # still busy: the choice holds, untimed
   assert cpu.path('kn', 1536, 576, 2) is None and len(calls) == 1
+  new_process(quiet=True)  # quiet at first, busy again while timing: timed once, not again
+  assert cpu.path('kn', 1536, 576, 2) is None and len(calls) == 2
+  assert cpu.path('kn', 1536, 576, 2) is None and len(calls) == 2
   new_process(quiet=True)  # quiet now: timed again, and the quiet timing kept
   load[:] = [0.05]
   monkeypatch.setattr(cpu, '_time_both', timing(1e-4, 2e-4))
-  assert cpu.path('kn', 1536, 576, 2) == isa and len(calls) == 2
+  assert cpu.path('kn', 1536, 576, 2) == isa and len(calls) == 3
   assert saved()['kn 1536x576 rows<=2']['busy'] == 0.05
   new_process(quiet=True)
-  assert cpu.path('kn', 1536, 576, 2) == isa and len(calls) == 2
+  assert cpu.path('kn', 1536, 576, 2) == isa and len(calls) == 3
   # The same for a forward-level choice.
   policies = cpu.policies()
   ms = {'auto': 10.0, policies[1]: 9.0, 'xla': 12.0}

@@ -12,9 +12,11 @@ says what each iteration does:
 
 `Method.parse` reads the text a run's config uses ('autoregressive', 'ngram@4',
 'eagle@adaptive', 'dspark@scheduled', 'ngram@3x2x1'); the constructors build the same
-values in code. Everything about a method that needs no model is checked when it is
-built; what depends on the engine's drafter and sampling (a drafter that can draft trees,
-a greedy-only verifier) is checked by `check` before a batch is prepared. The engine
+values in code. What a method's own fields say (a chain length, a verifier's name, a
+tree's text) is checked when it is built; what depends on the drafter and the sampling (a
+drafter that can draft trees, a greedy-only verifier, block verification of a tree: a
+config may declare such methods without running them) is checked by `check` before a
+batch is prepared. The engine
 hands the value unchanged to the jitted loop as a static argument, and metrics read it
 back.
 """
@@ -92,10 +94,6 @@ class Method:
       object.__setattr__(self, 'label', '')
       if self.name != given:
         object.__setattr__(self, 'label', given)
-    if self.verifier == 'block' and self.tree_specs:
-      raise ValueError(
-        'block verification is proved for chains only: verify trees with rejection or greedy'
-      )
 
   # Constructors.
 
@@ -243,6 +241,10 @@ def check(method: Method, drafter, sampling=None) -> None:
   ValueError naming the problem, before any batch is prepared."""
   if method.is_adaptive and method.adaptive_config is None:
     raise ValueError(f'{method.name}: adaptive control needs its costs (an AdaptiveConfig)')
+  if method.verifier == 'block' and method.tree_specs:
+    raise ValueError(
+      'block verification is proved for chains only: verify trees with rejection or greedy'
+    )
   if method.speculative and drafter is None:
     raise ValueError(
       f'gamma={method.depth} needs a drafter, and this engine has none ({method.name})'

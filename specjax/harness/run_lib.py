@@ -547,7 +547,7 @@ class Plan:
 
   config: ml_collections.ConfigDict  # the user's, batch size fitted to the workload
   user_config: ml_collections.ConfigDict  # as given (written to config.json)
-  methods: list  # run_config.MethodName, validated
+  methods: list  # specjax.decode.method.Method, validated
   workload: list  # prompts_lib.Prompt
   out_dir: pathlib.Path | None  # None outside process 0
   done: list  # the finished records of an interrupted run (config.resume)

@@ -350,9 +350,14 @@ def quiet_now(seconds: float = 0.3) -> bool:
     return _state['quiet']
 
 
-def _stale(record: dict) -> bool:
-  """A choice timed on a busy machine, now quiet: to be timed again."""
-  return record.get('busy', 0.0) > BUSY and quiet_now()
+def _stale(record: dict, key) -> bool:
+  """A choice timed on a busy machine, now quiet: to be timed again, once a process (a
+  timing busy again is used as it is until the next process)."""
+  retimed = _state.setdefault('retimed', set())
+  if record.get('busy', 0.0) <= BUSY or key in retimed or not quiet_now():
+    return False
+  retimed.add(key)
+  return True
 
 
 def _decisions_path(isa: str) -> pathlib.Path:
@@ -552,7 +557,7 @@ def tuned(model: str, rows: int) -> dict | None:
   was measured on a busy machine and this one is quiet now (to be measured again)."""
   with _lock:
     record = _forwards().get(model, {}).get(str(bucket(rows)))
-    if record is not None and _stale(record):
+    if record is not None and _stale(record, (model, bucket(rows))):
       return None
     if record is not None:
       _apply(model, rows, record)
@@ -635,7 +640,7 @@ def _dispatch(key: str, timer, owned: bool = True) -> str | None:
         _state.setdefault('used', {})[key] = policy
       return None if policy == 'xla' else policy
     table = _decisions(isa)
-    if key not in table or _stale(table[key]):
+    if key not in table or _stale(table[key], key):
       # In a thread of its own: this runs while a forward is traced, and in the tracing
       # thread every array operation, timed calls included, would be staged into it.
       with others_load() as load, concurrent.futures.ThreadPoolExecutor(1) as pool:
