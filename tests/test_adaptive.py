@@ -407,7 +407,7 @@ def test_adaptive_sampling_matches_the_target(trees):
 
   seqs = np.array(list(itertools.product(range(vocab), repeat=4)))
   tokens = jnp.asarray(np.concatenate([np.tile(prompt, (len(seqs), 1)), seqs], 1))
-  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)
+  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)[:2]
   probs = np.asarray(probabilities(logits, sampling), np.float64)
   exact = np.prod(
     [probs[np.arange(len(seqs)), len(prompt) - 1 + j, seqs[:, j]] for j in range(4)], axis=0

@@ -182,7 +182,7 @@ def small_vocab():
 def exact_continuations(cfg, params, sampling):
   seqs = np.array(list(itertools.product(range(VOCAB), repeat=NEW)))
   tokens = jnp.asarray(np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], 1))
-  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 16), cfg)
+  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 16), cfg)[:2]
   probs = np.asarray(probabilities(logits, sampling), np.float64)
   n = len(PROMPT)
   steps = [probs[np.arange(len(seqs)), n - 1 + j, seqs[:, j]] for j in range(NEW)]

@@ -45,7 +45,7 @@ def features_of(target, tokens, capture):
   cfg, params = target
   tokens = jnp.asarray(tokens)
   cache = KVCache.init(cfg, tokens.shape[0], tokens.shape[1])
-  return llama.forward_hidden(params, tokens, cache, cfg, capture=capture)[2]
+  return llama.forward(params, tokens, cache, cfg, capture=capture).features
 
 
 def naive_block_logits(dp, embed, feats, anchor, dc):

@@ -44,7 +44,8 @@ def labelled(cfg, params, tokens, capture):
   """What feature_data keeps of sequences tokens[B, S]: features, hidden and lse."""
   tokens = jnp.asarray(tokens)
   cache = KVCache.init(cfg, tokens.shape[0], tokens.shape[1])
-  hidden, _, feats = cfg.family.forward_hidden(params, tokens, cache, cfg, capture=capture)
+  out = cfg.family.forward(params, tokens, cache, cfg, capture=capture, head=False)
+  hidden, feats = out.hidden, out.features
   lse = jax.nn.logsumexp(cfg.family.logits(params, hidden, cfg), axis=-1)
   return {'tokens': tokens, 'features': feats, 'hidden': hidden, 'lse': lse}
 

@@ -44,7 +44,7 @@ def features_of(target, tokens, capture):
   cfg, params = target
   tokens = jnp.asarray(tokens)
   cache = KVCache.init(cfg, tokens.shape[0], tokens.shape[1])
-  return llama.forward_hidden(params, tokens, cache, cfg, capture=capture)[2]
+  return llama.forward(params, tokens, cache, cfg, capture=capture).features
 
 
 def test_capture_is_the_stream_entering_each_layer(target):
@@ -53,8 +53,8 @@ def test_capture_is_the_stream_entering_each_layer(target):
   feats = features_of(target, tokens, (0, 2, 3))
   d = cfg.d_model
   np.testing.assert_allclose(feats[..., :d], params['embed'][tokens], rtol=1e-6)
-  ref, _ = llama.forward_hidden(params, tokens, KVCache.init(cfg, 1, 16), cfg, layers=(0, 1))
-  # forward_hidden normalises its output; the captured stream entering layer 2 is before that
+  ref = llama.forward(params, tokens, KVCache.init(cfg, 1, 16), cfg, layers=(0, 1)).hidden
+  # the hidden output is normalised its output; the captured stream entering layer 2 is before that
   x = feats[..., d : 2 * d]
   normed = llama.rms_norm(x, params['final_norm'], cfg.norm_eps)
   np.testing.assert_allclose(normed, ref, rtol=1e-4, atol=1e-5)

@@ -91,7 +91,7 @@ def test_saved_head_matches_an_independent_torch_eagle3(tmp_path):
   hp['norm'] = 1 + 0.3 * rng.standard_normal(hc.d_model).astype(np.float32)
   tokens = jnp.asarray([TOKENS])
   t = tokens.shape[1]
-  feats = llama.forward_hidden(params, tokens, KVCache.init(cfg, 1, t), cfg, capture=hc.capture)[2]
+  feats = llama.forward(params, tokens, KVCache.init(cfg, 1, t), cfg, capture=hc.capture).features
   eagle3.save(tmp_path / 'head', hc, hp)
 
   # specjax, on the saved (bfloat16-rounded) weights

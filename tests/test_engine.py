@@ -23,7 +23,7 @@ def naive_greedy(engine, prompt, n):
   tokens = list(prompt)
   for _ in range(n):
     cache = KVCache.init(engine.cfg, 1, 128)
-    logits, _ = llama.forward(engine.params, jnp.asarray([tokens]), cache, engine.cfg)
+    logits, _ = llama.forward(engine.params, jnp.asarray([tokens]), cache, engine.cfg)[:2]
     tokens.append(int(jnp.argmax(logits[0, -1])))
   return tokens[len(prompt) :]
 

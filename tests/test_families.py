@@ -132,7 +132,7 @@ def test_logits_match_transformers(checkpoints, name):
   tokens = np.array(PROMPTS[0])[None]
   with torch.no_grad():
     want = checkpoints[name][1](torch.tensor(tokens)).logits.numpy()
-  got, _ = llama.forward(params, jnp.asarray(tokens), KVCache.init(cfg, 1, 32), cfg)
+  got, _ = llama.forward(params, jnp.asarray(tokens), KVCache.init(cfg, 1, 32), cfg)[:2]
   assert np.abs(want).max() > 1.0  # logits far from uniform: a wrong layer would show
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
@@ -162,11 +162,11 @@ def test_greedy_continuation_matches_transformers(checkpoints, name):
 def test_cached_steps_equal_the_full_forward(checkpoints, name):
   cfg, params = _load(checkpoints, name)
   tokens = jnp.asarray(PROMPTS[0])[None]
-  full, _ = llama.forward(params, tokens, KVCache.init(cfg, 1, 32), cfg)
-  logits, cache = llama.forward(params, tokens[:, :5], KVCache.init(cfg, 1, 32), cfg)
+  full, _ = llama.forward(params, tokens, KVCache.init(cfg, 1, 32), cfg)[:2]
+  logits, cache = llama.forward(params, tokens[:, :5], KVCache.init(cfg, 1, 32), cfg)[:2]
   steps = [logits]
   for t in range(5, tokens.shape[1], 3):  # 3 tokens at a time, across the window
-    logits, cache = llama.forward(params, tokens[:, t : t + 3], cache, cfg)
+    logits, cache = llama.forward(params, tokens[:, t : t + 3], cache, cfg)[:2]
     steps.append(logits)
   np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=2e-5, rtol=1e-5)
 

@@ -110,7 +110,7 @@ def test_logits_are_transformers(ours, params, theirs, text):
   ids = ours.tokenizer.encode_text(text)
   with torch.no_grad():
     want = theirs(torch.tensor([ids])).logits.numpy()
-  got, _ = llama.forward(params, jnp.asarray([ids]), KVCache.init(ours.cfg, 1, 64), ours.cfg)
+  got, _ = llama.forward(params, jnp.asarray([ids]), KVCache.init(ours.cfg, 1, 64), ours.cfg)[:2]
   got = np.asarray(got)
   assert np.abs(want).max() > 10  # far from uniform: a wrong layer would show
   np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)

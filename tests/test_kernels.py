@@ -387,15 +387,15 @@ def test_a_missing_compiler_falls_back_to_xla_with_a_warning(fresh, monkeypatch)
 def test_the_model_on_each_path_equals_the_model_on_xla(isa, monkeypatch):
   cfg, params = testing.tiny_model(seed=1, n_layers=2)
   tokens = jnp.array([[5, 17, 59, 3, 42]])  # in the vocabulary (64): no NaN embedding
-  want, _ = jax.jit(lambda p, t: llama.forward(p, t, llama.init_cache(cfg, 1, 16), cfg))(
+  want, _ = jax.jit(lambda p, t: llama.forward(p, t, llama.init_cache(cfg, 1, 16), cfg)[:2])(
     params, tokens
   )
   monkeypatch.setenv('SPECJAX_CPU_ISA', isa)
   monkeypatch.setattr(cpu, '_state', {})
   assert cpu.path('kn', cfg.d_model, cfg.d_model, 2) == isa  # forced: tiny products too
-  _, cache = llama.forward(params, tokens[:, :2], llama.init_cache(cfg, 1, 16), cfg)
-  rest, _ = llama.forward(params, tokens[:, 2:], cache, cfg)  # 3 rows on the kernels
-  full, _ = llama.forward(params, tokens, llama.init_cache(cfg, 1, 16), cfg)
+  _, cache = llama.forward(params, tokens[:, :2], llama.init_cache(cfg, 1, 16), cfg)[:2]
+  rest, _ = llama.forward(params, tokens[:, 2:], cache, cfg)[:2]  # 3 rows on the kernels
+  full, _ = llama.forward(params, tokens, llama.init_cache(cfg, 1, 16), cfg)[:2]
   np.testing.assert_allclose(full, want, rtol=1e-5, atol=2e-5)
   np.testing.assert_allclose(rest, want[:, 2:], rtol=1e-5, atol=2e-5)
 

@@ -17,7 +17,7 @@ def model():
 
 def full_logits(cfg, params, tokens):
   tokens = jnp.asarray(tokens, jnp.int32)[None]
-  logits, cache = llama.forward(params, tokens, KVCache.init(cfg, 1, 64), cfg)
+  logits, cache = llama.forward(params, tokens, KVCache.init(cfg, 1, 64), cfg)[:2]
   assert int(cache.lengths[0]) == tokens.shape[1]
   return np.asarray(logits[0])
 
@@ -79,11 +79,11 @@ def test_incremental_cached_decoding_equals_full_forward(model):
   tokens = np.array([5, 8, 13, 21, 34, 55, 2, 7, 11, 3], np.int32)
   expected = full_logits(cfg, params, tokens)
   cache = KVCache.init(cfg, 1, 64)
-  logits, cache = llama.forward(params, jnp.asarray(tokens[None, :4]), cache, cfg)
+  logits, cache = llama.forward(params, jnp.asarray(tokens[None, :4]), cache, cfg)[:2]
   steps = [np.asarray(logits[0])]
   for i in range(4, len(tokens), 3):  # chunks of 3, then 1, as a verifier would
     chunk = tokens[None, i : i + 3]
-    logits, cache = llama.forward(params, jnp.asarray(chunk), cache, cfg)
+    logits, cache = llama.forward(params, jnp.asarray(chunk), cache, cfg)[:2]
     steps.append(np.asarray(logits[0]))
   np.testing.assert_allclose(np.concatenate(steps), expected, atol=1e-5, rtol=1e-5)
   assert int(cache.lengths[0]) == len(tokens)
@@ -93,9 +93,9 @@ def test_rollback_is_lowering_the_length(model):
   cfg, params = model
   prefix, wrong, right = [4, 9, 16, 25], [1, 2, 3], [36, 49]
   cache = KVCache.init(cfg, 1, 64)
-  _, cache = llama.forward(params, jnp.asarray([prefix + wrong]), cache, cfg)
+  _, cache = llama.forward(params, jnp.asarray([prefix + wrong]), cache, cfg)[:2]
   cache = cache.with_lengths(cache.lengths - len(wrong))
-  logits, cache = llama.forward(params, jnp.asarray([right]), cache, cfg)
+  logits, cache = llama.forward(params, jnp.asarray([right]), cache, cfg)[:2]
   expected = full_logits(cfg, params, prefix + right)[len(prefix) :]
   np.testing.assert_allclose(np.asarray(logits[0]), expected, atol=1e-5, rtol=1e-5)
 
@@ -106,10 +106,10 @@ def test_rows_at_different_positions_match_rows_alone(model):
   cache = KVCache.init(cfg, 2, 64)
   padded = np.zeros((2, len(a)), np.int32)
   padded[0], padded[1, : len(b)] = a, b
-  _, cache = llama.forward(params, jnp.asarray(padded), cache, cfg)
+  _, cache = llama.forward(params, jnp.asarray(padded), cache, cfg)[:2]
   cache = cache.with_lengths(jnp.array([len(a), len(b)]))
   nxt = jnp.array([[8, 10], [28, 18]], jnp.int32)
-  logits, cache = llama.forward(params, nxt, cache, cfg)
+  logits, cache = llama.forward(params, nxt, cache, cfg)[:2]
   np.testing.assert_allclose(
     np.asarray(logits[0]), full_logits(cfg, params, a + [8, 10])[-2:], atol=1e-5, rtol=1e-5
   )

@@ -35,7 +35,7 @@ def test_last_token_logits_match_transformers(smollm2, engine, hf_smollm2, text)
   ids = smollm2.tokenizer.encode(text)
   ours, _ = llama.forward(
     engine.params, jnp.asarray([ids]), KVCache.init(smollm2.cfg, 1, 64), smollm2.cfg
-  )
+  )[:2]
   with torch.inference_mode():
     theirs = hf_smollm2(torch.tensor([ids])).logits[0, -1].numpy()
   np.testing.assert_allclose(np.asarray(ours[0, -1]), theirs, atol=1e-3, rtol=0)

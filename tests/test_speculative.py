@@ -118,7 +118,7 @@ def exact_continuations(cfg, params, sampling):
   """P(z1 z2 z3 | PROMPT) under the warped target, by enumeration."""
   seqs = np.array(list(itertools.product(range(VOCAB), repeat=3)))
   tokens = jnp.asarray(np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], 1))
-  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)
+  logits, _ = llama.forward(params, tokens, KVCache.init(cfg, len(seqs), 8), cfg)[:2]
   probs = np.asarray(probabilities(logits, sampling), np.float64)  # [512, 6, V]
   n = len(PROMPT)
   steps = [probs[np.arange(len(seqs)), n - 1 + j, seqs[:, j]] for j in range(3)]
@@ -408,12 +408,12 @@ def test_bfloat16_logits_and_attention_scores_accumulate_in_float32(target):
   cfg, params = target
   cfg, p16 = bf16(target)
   tokens = jnp.asarray(PROMPTS[1])[None]
-  full, cache = llama.forward(p16, tokens, KVCache.init(cfg, 1, 16, jnp.bfloat16), cfg)
+  full, cache = llama.forward(p16, tokens, KVCache.init(cfg, 1, 16, jnp.bfloat16), cfg)[:2]
   assert full.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
   # Not rounded to bfloat16 on the way out: most logits are not bfloat16 numbers.
   as16 = np.asarray(jnp.asarray(full, jnp.bfloat16), np.float32)
   assert np.mean(np.asarray(full) != as16) > 0.9
-  ref, _ = llama.forward(params, tokens, KVCache.init(cfg, 1, 16), cfg)
+  ref, _ = llama.forward(params, tokens, KVCache.init(cfg, 1, 16), cfg)[:2]
   np.testing.assert_allclose(full, ref, atol=0.05 * float(jnp.abs(ref).max()))
 
 

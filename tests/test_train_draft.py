@@ -210,7 +210,7 @@ def test_hugging_face_export_makes_the_same_greedy_choices(uninterrupted, tmp_pa
   hf_cfg, hf_params = hf.load_hf(tmp_path / 'hf')
   tokens = jnp.asarray(np.random.default_rng(0).integers(3, 200, (2, 12)), jnp.int32)
   sub, _ = distilled.subset_logits(params, tokens, KVCache.init(cfg, 2, 12), cfg)
-  full, _ = llama.forward(hf_params, tokens, KVCache.init(hf_cfg, 2, 12), hf_cfg)
+  full, _ = llama.forward(hf_params, tokens, KVCache.init(hf_cfg, 2, 12), hf_cfg)[:2]
   ids = np.asarray(params['vocab_ids'])
   np.testing.assert_allclose(np.asarray(full)[..., ids], np.asarray(sub), rtol=1e-2, atol=1e-2)
   np.testing.assert_array_equal(ids[np.asarray(sub).argmax(-1)], np.asarray(full).argmax(-1))

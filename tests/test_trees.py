@@ -17,6 +17,7 @@ from test_speculative import (
 
 from specjax import testing
 from specjax.core import tree as tree_lib
+from specjax.core.contract import At
 from specjax.core.sampling import SamplingConfig
 from specjax.decode.engine import Engine
 from specjax.decode.method import Method
@@ -58,23 +59,25 @@ def test_tree_forward_equals_a_forward_of_each_path(target):
   rng = np.random.default_rng(0)
   nodes = rng.integers(3, cfg.vocab_size, shape.size)
   cache = KVCache.init(cfg, 1, 32)
-  _, cache = llama.forward(params, jnp.asarray([context[:-1]]), cache, cfg)
+  _, cache = llama.forward(params, jnp.asarray([context[:-1]]), cache, cfg)[:2]
   anc = tree_lib.ancestors(shape.parents_array(1))
   depth = tree_lib.depths(anc, shape.parents_array(1))
   start = cache.lengths
   tokens = jnp.asarray([[context[-1], *nodes]])
-  logits, _ = llama.forward_masked(
+  logits, _ = llama.forward(
     params,
     tokens,
     cache,
     cfg,
-    start[:, None] + depth,
-    start[:, None] + jnp.arange(shape.size + 1),
-    tree_lib.tree_mask(anc, start, 32),
-  )
+    at=At(
+      start[:, None] + depth,
+      start[:, None] + jnp.arange(shape.size + 1),
+      tree_lib.tree_mask(anc, start, 32),
+    ),
+  )[:2]
   for i, path in enumerate([(), *shape.paths]):
     seq = context + [int(nodes[shape.paths.index(path[:k])]) for k in range(1, len(path) + 1)]
-    full, _ = llama.forward(params, jnp.asarray([seq]), KVCache.init(cfg, 1, 32), cfg)
+    full, _ = llama.forward(params, jnp.asarray([seq]), KVCache.init(cfg, 1, 32), cfg)[:2]
     np.testing.assert_allclose(logits[0, i], full[0, -1], atol=2e-5, err_msg=str(path))
 
 
@@ -341,7 +344,7 @@ def test_a_draft_models_second_branch_is_its_argmax_after_that_token(target):
       seq = prompt + first + [int(tokens[row, spec.shape.paths.index(path[:1])])]
       logits, _ = llama.forward(
         draft_params, jnp.asarray([seq]), KVCache.init(draft_cfg, 1, 32), draft_cfg
-      )
+      )[:2]
       want = np.argsort(-np.asarray(logits[0, -1]), kind='stable')[path[1]]
       assert tokens[row, spec.shape.paths.index(path)] == want, (row, path)
 

@@ -41,7 +41,7 @@ def step_ms(fn_logits, params, cfg, cache_size=512, inner=16, repeats=9):
   def many(p, x, cache):
     def body(_, carry):
       x, cache, acc = carry
-      logits, new_cache = fn_logits(p, x, cache, cfg)
+      logits, new_cache = fn_logits(p, x, cache, cfg)[:2]
       x = (x + jnp.argmax(logits[:, -1:], -1).astype(x.dtype)) % cfg.vocab_size
       return x, new_cache.with_lengths(cache.lengths), acc + logits[:, -1, 0]
 

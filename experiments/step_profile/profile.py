@@ -82,7 +82,7 @@ def _products_only(params, tokens, cache, cfg):
 
 
 VARIANTS = {
-  'full step': lambda p, t, c, cfg: llama.forward(p, t, c, cfg),
+  'full step': lambda p, t, c, cfg: llama.forward(p, t, c, cfg)[:2],
   'without attention': lambda p, t, c, cfg: _ablated(p, t, c, cfg, attention=False),
   'without output head': lambda p, t, c, cfg: _ablated(p, t, c, cfg, head=False),
   'weight products only': _products_only,

@@ -58,7 +58,7 @@ def timer_forward(
   or `forward(params, tokens, cache) -> (logits, cache)` (a draft's own, e.g.
   ModelDrafter.forward)."""
   if forward is None:
-    forward = lambda p, x, cache: cfg.family.forward(p, x, cache, cfg, layers)  # noqa: E731
+    forward = lambda p, x, cache: cfg.family.forward(p, x, cache, cfg, layers)[:2]  # noqa: E731
 
   def many(p, x, cache):
     lengths = cache.lengths

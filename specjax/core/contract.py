@@ -5,23 +5,21 @@ and a static, hashable config. The config names its family (`cfg.family`), so th
 loop, the drafters and the cost timers call `cfg.family.forward(...)` and never a
 particular architecture by name:
 
-  forward(params, tokens[B, T], cache, cfg, layers=None) -> (float32 logits[B, T, V], cache)
-  forward_hidden(params, tokens[B, T], cache, cfg, layers=None) -> (hidden[B, T, D], cache)
-  each of the two with `capture=(i, ...)` (static) also returns, last, the residual
-      stream entering those layers, concatenated: features[B, T, len(capture) * D]
-  logits(params, hidden[..., D], cfg) -> float32 logits[..., V]
+  forward(params, tokens[B, T], cache, cfg, layers=None, *, capture=(), at=None, head=True)
+      -> ForwardOut(logits[B, T, V] float32, cache, features, hidden[B, T, D])
+  logits(params, hidden[..., D], cfg) -> float32 logits[..., V]   (the head alone)
   init_cache(cfg, batch, cache_size, dtype) -> an empty cache (lengths 0)
   check_params(cfg, params, source) -> None       raises ValueError naming a bad tensor
-  forward_masked(params, tokens[B, T], cache, cfg, positions[B, T], slots[B, T],
-                 mask[B, T, S], layers=None, capture=()) -> (logits[B, T, V], cache)
-      token trees: tokens at RoPE `positions`, written at cache `slots`, attending to
-      the slots `mask` allows; the cache's lengths are left as they were
-  forward_masked_hidden(same arguments) -> (hidden[B, T, D], cache)
   move_slots(cache, src[B, K], dst[B, K]) -> cache   copies slots (an accepted tree path)
 
 `tokens` are written at each row's own position (`cache.lengths`); the returned cache
 has every row's length advanced by T, and rolling a row back is lowering its length.
-`layers` (static) runs a subset of the layers, for self-speculative drafts.
+With `at` (an `At`: token trees) they go to the given RoPE positions and cache slots,
+attending to the slots its mask allows, and the lengths stay as they were. `layers`
+(static) runs a subset of the layers, for self-speculative drafts; `capture=(i, ...)`
+(static) also returns the residual stream entering those layers, concatenated
+(features[B, T, len(capture) * D]; None without); head=False leaves `logits` None (the
+caller applies its own head to `hidden`, the final-normed states).
 
 **A drafter** is a static, hashable description (a jit static argument); whatever
 arrays it needs (a draft model's weights) come in as `params`, and whatever it carries
@@ -47,7 +45,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,18 +54,36 @@ from specjax.core.sampling import SamplingConfig
 from specjax.core.state import DecodeState
 
 
+class At(NamedTuple):
+  """Where a forward's tokens[B, T] go (token trees): RoPE positions[B, T], cache
+  slots[B, T] written (past the end: dropped), and mask[B, T, S], the slots each token
+  attends to after the write."""
+
+  positions: jax.Array
+  slots: jax.Array
+  mask: jax.Array
+
+
+class ForwardOut(NamedTuple):
+  """What a family's forward returns: float32 logits[B, T, V] (None with head=False), the
+  cache, the captured features[B, T, C * D] (None without `capture`) and the final-normed
+  hidden states[B, T, D]."""
+
+  logits: jax.Array | None
+  cache: Any
+  features: jax.Array | None = None
+  hidden: jax.Array | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """A model family's functions (see the module docstring for their signatures)."""
 
   name: str
-  forward: Callable[..., Any]
-  forward_hidden: Callable[..., Any]
+  forward: Callable[..., ForwardOut]
   logits: Callable[..., Any]
   init_cache: Callable[..., Any]
   check_params: Callable[..., Any]
-  forward_masked: Callable[..., Any]
-  forward_masked_hidden: Callable[..., Any]
   move_slots: Callable[..., Any]
 
 

@@ -234,7 +234,7 @@ class Engine:
     """The target's float32 logits [V] after `context`: one full forward, no cache reuse."""
     model = self.cfg.family
     cache = model.init_cache(self.cfg, 1, len(context), self.params['embed'].dtype)
-    logits, _ = model.forward(self.params, jnp.asarray([list(context)]), cache, self.cfg)
+    logits = model.forward(self.params, jnp.asarray([list(context)]), cache, self.cfg).logits
     return np.asarray(logits[0, -1])
 
   def prepare(

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from specjax import registry
 from specjax.control import adaptive as adaptive_lib
 from specjax.control import scheduled as scheduled_lib
+from specjax.core import contract
 from specjax.core import sampling as sampling_lib
 from specjax.core import tree as tree_lib
 from specjax.core.contract import Drafter
@@ -142,8 +143,7 @@ def target_forward(params, tokens, cache, cfg, drafter: Drafter | None):
   Captures the drafter's `feature_layers` when it has some.
   """
   capture = drafter.feature_layers if drafter is not None else ()
-  out = cfg.family.forward(params, tokens, cache, cfg, capture=capture)
-  return out if capture else (*out, None)
+  return cfg.family.forward(params, tokens, cache, cfg, capture=capture)[:3]
 
 
 def _split(state: DecodeState):
@@ -227,10 +227,9 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
   slots = start[:, None] + jnp.arange(n + 1, dtype=jnp.int32)
   mask = tree_lib.tree_mask(anc, start, state.cache.cache_size)
   capture = spec.drafter.feature_layers
-  out = model.forward_masked(
-    target, tokens, state.cache, cfg, start[:, None] + depth, slots, mask, capture=capture
-  )
-  logits, cache = out[:2]
+  at = contract.At(start[:, None] + depth, slots, mask)
+  out = model.forward(target, tokens, state.cache, cfg, capture=capture, at=at)
+  logits, cache = out.logits, out.cache
   p = sampling_lib.probabilities(logits, sampling)
   path, accepted, nxt = tree_verify.verify_tree(
     p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.depth, anc=anc, depth=depth
@@ -242,7 +241,7 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
   cache = model.move_slots(cache, start[:, None] + path, start[:, None] + offsets)
   feats = None
   if capture:
-    feats = jnp.take_along_axis(out[2], path[..., None], axis=1)  # the path's, in order
+    feats = jnp.take_along_axis(out.features, path[..., None], axis=1)  # the path's, in order
   draft_state = spec.drafter.accept_path(draft_state, draft, path, accepted)
   drafted = jnp.sum(draft.parents >= 0, axis=1).astype(jnp.int32)
   untrusted = None

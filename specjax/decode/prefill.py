@@ -48,8 +48,8 @@ def prefill(
   if constrain_cache is not None:
     cache = constrain_cache(cache)
   capture = drafter.feature_layers if drafter is not None else ()
-  out = model.forward_hidden(target, prompt_tokens, cache, cfg, capture=capture)
-  hidden, cache = out[:2]  # [B, P, D]
+  out = model.forward(target, prompt_tokens, cache, cfg, capture=capture, head=False)
+  hidden, cache = out.hidden, out.cache  # [B, P, D]
   last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
   logits = model.logits(target, last, cfg)  # [B, V]
   key, sub = jax.random.split(key)
@@ -67,7 +67,7 @@ def prefill(
   state = commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
   draft_state = None
   if drafter is not None:
-    extra = {'features': out[2]} if capture else {}  # the prompt's, for feature heads
+    extra = {'features': out.features} if capture else {}  # the prompt's, for feature heads
     if drafter.reads_target_cache:
       extra['target_cache'] = cache
     draft_state = drafter.init(

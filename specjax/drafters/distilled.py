@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.checkpoints import draft_dir
+from specjax.core import contract
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import DraftKind
 from specjax.drafters.model import ModelDrafter
@@ -76,8 +77,8 @@ def init_from_target(
 
 def subset_logits(params, tokens: jax.Array, cache: KVCache, cfg: llama.LlamaConfig):
   """tokens[B, T] -> (float32 logits [B, T, K] over the draft vocabulary, cache)."""
-  x, cache = cfg.family.forward_hidden(params, tokens, cache, cfg)
-  return (x @ params['head']).astype(jnp.float32), cache
+  out = cfg.family.forward(params, tokens, cache, cfg, head=False)
+  return (out.hidden @ params['head']).astype(jnp.float32), out.cache
 
 
 def to_full_vocab(
@@ -105,10 +106,9 @@ class DistilledDrafter(ModelDrafter):
     return params['vocab_ids']
 
   def _forward_masked(self, params, tokens, cache, positions, slots, mask):
-    x, cache = self.cfg.family.forward_masked_hidden(
-      params, tokens, cache, self.cfg, positions, slots, mask
-    )
-    return (x @ params['head']).astype(jnp.float32), cache
+    at = contract.At(positions, slots, mask)
+    out = self.cfg.family.forward(params, tokens, cache, self.cfg, at=at, head=False)
+    return (out.hidden @ params['head']).astype(jnp.float32), out.cache
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     ids = params['vocab_ids']

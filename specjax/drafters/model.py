@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.checkpoints import loader
+from specjax.core import contract
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import Drafter, DraftKind
 from specjax.drafters import tree_build
@@ -79,7 +80,7 @@ class ModelDrafter(Drafter):
     cache = model.init_cache(self.cfg, prompt_tokens.shape[0], cache_size, params['embed'].dtype)
     if constrain is not None:
       cache = constrain(cache)
-    _, cache = model.forward_hidden(params, prompt_tokens, cache, self.cfg, self.layers)
+    cache = model.forward(params, prompt_tokens, cache, self.cfg, self.layers, head=False).cache
     last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     return ModelDraftState(cache=cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
 
@@ -88,7 +89,7 @@ class ModelDrafter(Drafter):
 
   def forward(self, params, tokens, cache):
     """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
-    return self.cfg.family.forward(params, tokens, cache, self.cfg, self.layers)
+    return self.cfg.family.forward(params, tokens, cache, self.cfg, self.layers)[:2]
 
   def caught_up(self, params, draft_state, state) -> KVCache:
     """The draft cache holding the whole text but its last two tokens, every row (after
@@ -110,9 +111,9 @@ class ModelDrafter(Drafter):
       chunk = jnp.where(
         absolute == state.prompt_lens[:, None] - 1, draft_state.last_prompt_token[:, None], emitted
       )
-      _, cache = self.cfg.family.forward_hidden(
-        params, chunk, cache.with_lengths(start), self.cfg, self.layers
-      )
+      cache = self.cfg.family.forward(
+        params, chunk, cache.with_lengths(start), self.cfg, self.layers, head=False
+      ).cache
       return cache.with_lengths(jnp.minimum(start + w, want))
 
     return jax.lax.while_loop(lambda c: jnp.any(c.lengths < want), feed, draft_state.cache)
@@ -145,9 +146,8 @@ class ModelDrafter(Drafter):
 
   def _forward_masked(self, params, tokens, cache, positions, slots, mask):
     """The draft on tree nodes: (logits [B, T, V'] over the draft's vocabulary, cache)."""
-    return self.cfg.family.forward_masked(
-      params, tokens, cache, self.cfg, positions, slots, mask, self.layers
-    )
+    at = contract.At(positions, slots, mask)
+    return self.cfg.family.forward(params, tokens, cache, self.cfg, self.layers, at=at)[:2]
 
   def _vocab_ids(self, params):
     """The target id of each draft-vocabulary index (None: the draft has the full one)."""

@@ -8,7 +8,7 @@ with a (1 + w) scale, scaled embeddings, GeGLU). One decoder with static switche
 It implements the model contract (specjax/core/contract.py; `FAMILY`, reached from a
 config as `cfg.family`), shared by drafts and targets:
 
-    forward(params, tokens[B, T], cache, cfg) -> (logits[B, T, V], cache)
+    forward(params, tokens[B, T], cache, cfg) -> ForwardOut(logits[B, T, V], cache, ...)
 
 `tokens` are written into the cache at each row's own position (`cache.lengths`),
 attend to everything before them in that row, and the returned cache has every
@@ -412,28 +412,6 @@ def check_capture(cfg: LlamaConfig, capture: tuple[int, ...]) -> None:
     )
 
 
-def forward_hidden(
-  params: Params,
-  tokens: jax.Array,
-  cache: KVCache,
-  cfg: LlamaConfig,
-  layers: tuple[int, ...] | None = None,
-  capture: tuple[int, ...] = (),
-):
-  """Runs the decoder stack; returns final-normed hidden states [B, T, D] and the cache.
-
-  `layers` (static) selects a subset of layers to run, in order, for self-speculative
-  drafts; skipped layers keep their cache untouched. None runs all. With `capture` the
-  result is (hidden, cache, features[B, T, len(capture) * D]) (see _decoder).
-  """
-  t = tokens.shape[1]
-  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
-  mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-  out = _forward_at(params, tokens, cache, cfg, positions, positions, mask, layers, capture)
-  cache = out[1].with_lengths(cache.lengths + t)
-  return (out[0], cache) if not capture else (out[0], cache, out[2])
-
-
 def _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capture):
   """The decoder with tokens[B, T] at RoPE `positions`, their keys and values written at
   cache `slots` [B, T] (past the end: dropped), attending to the slots mask[B, T, S]
@@ -454,41 +432,6 @@ def _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capt
   out = _decoder(params, tokens, positions, cfg, layers, attend, capture)
   cache = KVCache(k=new_k, v=new_v, lengths=cache.lengths)
   return (out, cache) if not capture else (out[0], cache, out[1])
-
-
-def forward_masked(
-  params: Params,
-  tokens: jax.Array,
-  cache: KVCache,
-  cfg: LlamaConfig,
-  positions: jax.Array,
-  slots: jax.Array,
-  mask: jax.Array,
-  layers: tuple[int, ...] | None = None,
-  capture: tuple[int, ...] = (),
-):
-  """Token trees: tokens[B, T] at RoPE positions[B, T], written at cache slots[B, T],
-  each attending to the slots mask[B, T, S] allows (its ancestors and the context).
-
-  Returns (float32 logits [B, T, V], cache with lengths unchanged[, features]).
-  """
-  out = _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capture)
-  return (logits_from_hidden(params, out[0], cfg), *out[1:])
-
-
-def forward_masked_hidden(
-  params: Params,
-  tokens: jax.Array,
-  cache: KVCache,
-  cfg: LlamaConfig,
-  positions: jax.Array,
-  slots: jax.Array,
-  mask: jax.Array,
-  layers: tuple[int, ...] | None = None,
-  capture: tuple[int, ...] = (),
-):
-  """forward_masked's final-normed hidden states [B, T, D] instead of logits."""
-  return _forward_at(params, tokens, cache, cfg, positions, slots, mask, layers, capture)
 
 
 def move_slots(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
@@ -530,14 +473,28 @@ def forward(
   cache: KVCache,
   cfg: LlamaConfig,
   layers: tuple[int, ...] | None = None,
+  *,
   capture: tuple[int, ...] = (),
-):
-  """The model contract: tokens[B, T] -> (float32 logits[B, T, V], cache advanced by T).
-
-  With `capture`: (logits, cache, features[B, T, len(capture) * D]) (see _decoder).
+  at: contract.At | None = None,
+  head: bool = True,
+) -> contract.ForwardOut:
+  """The model contract's forward (specjax/core/contract.py): tokens[B, T] written at each
+  row's length (the cache advanced by T), or where `at` says (token trees: the lengths left
+  as they were). `layers` (static) runs a subset, in order, for self-speculative drafts;
+  skipped layers keep their cache untouched. `capture` also returns the residual stream
+  entering those layers (see _decoder); head=False skips the output head.
   """
-  out = forward_hidden(params, tokens, cache, cfg, layers, capture)
-  return (logits_from_hidden(params, out[0], cfg), *out[1:])
+  lengths = None if at is not None else cache.lengths + tokens.shape[1]
+  if at is None:
+    positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)  # [B, T]
+    mask = jnp.arange(cache.cache_size)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    at = contract.At(positions, positions, mask)
+  out = _forward_at(params, tokens, cache, cfg, at.positions, at.slots, at.mask, layers, capture)
+  hidden, cache = out[:2]
+  if lengths is not None:
+    cache = cache.with_lengths(lengths)
+  logits = logits_from_hidden(params, hidden, cfg) if head else None
+  return contract.ForwardOut(logits, cache, out[2] if capture else None, hidden)
 
 
 def init_cache(cfg: LlamaConfig, batch: int, cache_size: int, dtype=jnp.float32) -> KVCache:
@@ -548,11 +505,8 @@ def init_cache(cfg: LlamaConfig, batch: int, cache_size: int, dtype=jnp.float32)
 FAMILY = contract.Family(
   name='llama',
   forward=forward,
-  forward_hidden=forward_hidden,
   logits=logits_from_hidden,
   init_cache=init_cache,
   check_params=check_params,
-  forward_masked=forward_masked,
-  forward_masked_hidden=forward_masked_hidden,
   move_slots=move_slots,
 )

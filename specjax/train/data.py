@@ -153,7 +153,7 @@ def teacher_topk(target, tokens: np.ndarray, k: int, batch_size: int, progress=N
   @jax.jit
   def label(params, toks):
     cache = cfg.family.init_cache(cfg, toks.shape[0], toks.shape[1], params['embed'].dtype)
-    logits, _ = cfg.family.forward(params, toks, cache, cfg)
+    logits = cfg.family.forward(params, toks, cache, cfg).logits
     probs, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
     return ids.astype(jnp.int32), probs.astype(jnp.float16)
 

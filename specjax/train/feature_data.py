@@ -386,7 +386,8 @@ def label_features(target, tokens: np.ndarray, capture, folder, batch: int, prog
   @jax.jit
   def label(params, toks):
     cache = cfg.family.init_cache(cfg, toks.shape[0], toks.shape[1], params['embed'].dtype)
-    hidden, _, feats = cfg.family.forward_hidden(params, toks, cache, cfg, capture=capture)
+    out = cfg.family.forward(params, toks, cache, cfg, capture=capture, head=False)
+    hidden, feats = out.hidden, out.features
     logits = cfg.family.logits(params, hidden, cfg)
     lse = jax.nn.logsumexp(logits, axis=-1)
     return feats.astype(jnp.float16), hidden.astype(jnp.float16), lse
