@@ -20,6 +20,7 @@ a spec whose kind is not a registered name is a distilled draft directory, or el
 
 from __future__ import annotations
 
+from specjax.core.contract import DraftKind
 from specjax.core.registry import Registry, parse_spec
 
 FAMILIES = Registry('model family', {'llama': 'specjax.models.llama:FAMILY'})
@@ -67,6 +68,8 @@ MODEL_SOURCES = Registry(
 
 
 BARE_KINDS = ('distilled', 'model')  # tried in turn for a spec of no registered kind (a path)
+# The kind of a drafter built in code that no entry names: no resync, the target's rules.
+_PLAIN_KIND = DraftKind(usage='', parse=lambda spec: None, build=lambda *args: (None, None))
 
 
 def parse_draft(text: str) -> tuple[object, object]:
@@ -88,6 +91,24 @@ def parse_draft(text: str) -> tuple[object, object]:
       continue
   usages = '; '.join(DRAFTS.get(name).usage for name in DRAFTS.names)
   raise ValueError(f'unknown draft {text!r}: expected one of {usages}{DRAFTS.suggest(spec.kind)}')
+
+
+def kind_of(drafter):
+  """The DraftKind whose `classes` hold the nearest class in `drafter`'s MRO (a quantized
+  or distilled draft model is served by MODEL's hooks), or a plain one (no resync, the
+  target's partition rules) for a drafter no kind names."""
+  for cls in type(drafter).__mro__:
+    for name in DRAFTS.names:
+      kind = DRAFTS.get(name)
+      if cls in kind.classes:
+        return kind
+  return _PLAIN_KIND
+
+
+def resync(drafter, window: int):
+  """`drafter` as adaptive control runs it: able to resume after `window` skipped steps."""
+  kind = kind_of(drafter)
+  return drafter if kind.resync is None else kind.resync(drafter, window)
 
 
 def build_draft(text: str, target, dtype: str = 'float32'):

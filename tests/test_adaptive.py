@@ -602,8 +602,8 @@ def test_a_run_skips_the_fixed_gammas_of_a_draft_that_cannot_pay(tmp_path, monke
   config.methods = 'truncated:1@4,truncated:1@adaptive'
   methods, said = run_config.build_methods(config), []
   costs = {'truncated:1': measured['truncated:1']}
-  # An engine whose draft model has a cache of its own to catch up on.
-  engines = {'truncated:1': types.SimpleNamespace(drafter=types.SimpleNamespace(resyncing=id))}
+  # A draft model has a cache of its own to catch up on (its kind's resync: charged).
+  engines = {'truncated:1': types.SimpleNamespace(drafter=None)}
   assert run_lib.skip_hopeless(config, engines, methods, costs, said.append) == methods
   assert len(said) == 1 and said[0].endswith(
     'running truncated:1@4 as config.methods names them (truncated:1@adaptive stays off)'

@@ -109,7 +109,7 @@ def reference_logits(target, dc, dp, context):
 
 @pytest.mark.parametrize('adaptive', [False, True], ids=['fixed', 'adaptive'])
 def test_the_drafter_in_the_loop_proposes_what_a_fresh_forward_does(adaptive):
-  """The ring of features, absorb, the catch-up and rollback, after iterations that kept
+  """The ring of features, update (absorb, trim), the catch-up, after iterations that kept
   different numbers of draft tokens (and plain steps under adaptive control): the greedy
   draft and the T = 1 distributions of every position. A small vocabulary makes a random
   drafter right often enough."""
@@ -118,7 +118,7 @@ def test_the_drafter_in_the_loop_proposes_what_a_fresh_forward_does(adaptive):
   dc, dp = make_drafter(target, block=4, seed=1)
   drafter, gamma = DFlashDrafter(dc), 3
   if adaptive:
-    drafter = drafter.resyncing(8)
+    drafter = registry.resync(drafter, 8)
     adaptive_cfg = AdaptiveConfig(
       gammas=(1, gamma), draft_cost=(0.4, 1.2), verify_cost=(1.1, 1.3), probe_every=3
     )
@@ -288,7 +288,7 @@ def test_an_untrained_default_runs_through_the_registry(target):
   drafter, draft_params = registry.build_draft(
     'dflash:random,block=3', loader.LoadedModel(cfg, params, None, 'tiny')
   )
-  assert 'untrained' in drafter.name and drafter.feature_layers == drafter.cfg.capture
+  assert 'untrained' in drafter.name and drafter.capture == drafter.cfg.capture
   engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
   reference = engine.generate(PROMPTS[:2], max_new_tokens=12).tokens
   assert engine.generate(PROMPTS[:2], Method.chain(2), max_new_tokens=12).tokens == reference

@@ -109,7 +109,7 @@ def reference_draft(target, hc, hp, context, gamma):
 
 @pytest.mark.parametrize('adaptive', [False, True], ids=['fixed', 'adaptive'])
 def test_the_drafter_in_the_loop_proposes_what_a_fresh_head_does(adaptive):
-  """The ring of features, absorb, the catch-up pass and rollback, after iterations that
+  """The ring of features, update (absorb, trim), the catch-up pass, after iterations that
   kept different numbers of draft tokens (and plain steps under adaptive control). A
   small vocabulary makes a random head right often enough."""
   target = testing.tiny_model(seed=21, vocab_size=8, n_layers=3, scale=0.3)
@@ -119,7 +119,7 @@ def test_the_drafter_in_the_loop_proposes_what_a_fresh_head_does(adaptive):
   gamma = 3
   control = None
   if adaptive:
-    drafter = drafter.resyncing(8)
+    drafter = registry.resync(drafter, 8)
     adaptive_cfg = AdaptiveConfig(
       gammas=(1, gamma), draft_cost=(0.4, 1.2), verify_cost=(1.1, 1.3), probe_every=3
     )

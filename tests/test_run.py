@@ -360,6 +360,9 @@ def test_config_is_checked_before_any_model_loads(tmp_path, monkeypatch):
     ),
     r'draft consensus:2 drafts 2 consecutive rows together, but the batch of prompts 1-3 has '
     r'3 rows at turn 1': dict(drafts=('consensus:2',), num_prompts=3, batch_size=4),
+    r'draft multilevel:truncated:1,consensus:2 drafts 2 consecutive rows together': dict(
+      drafts=('multilevel:truncated:1,consensus:2',), num_prompts=3, batch_size=4
+    ),
     r'temperature must be 0 \(greedy\) or in \[0.0001': dict(temperature=1e-40),
   }
   for match, overrides in bad.items():

@@ -13,6 +13,7 @@ from specjax.core import contract
 from specjax.core.registry import parse_spec
 from specjax.drafters.ngram import LookupDrafter
 from specjax.harness import run_lib
+from specjax.models import llama
 
 PACKAGE = pathlib.Path(registry.__file__).parent
 
@@ -228,7 +229,7 @@ def test_drafter_hooks_have_defaults():
   drafter, _ = registry.build_draft('truncated:1', loader.LoadedModel(cfg, params, None, 'tiny'))
   assert drafter.skip_when_empty is False
   assert bool(drafter.has_proposals(None))
-  assert drafter.check_batch(3) is None
+  assert registry.DRAFTS.get('truncated').group(None) == 1
   lookup, _ = registry.build_draft('ngram', loader.LoadedModel(cfg, params, None, 'tiny'))
   assert lookup.skip_when_empty is True
 
@@ -263,6 +264,63 @@ def test_a_new_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
   assert summary['drafts'] == {'repeat': 'repeat the last token'}
   assert summary['methods']['repeat@4']['greedy_mismatches'] == 0
   assert summary['methods']['repeat@4']['drafted_tokens'] > 0
+
+
+# A new feature drafter: it reads the target through `capture` and `TargetOut` alone; the
+# loop, prefill and engine are not touched.
+@dataclasses.dataclass(frozen=True)
+class LastFeatureDrafter(contract.Drafter):
+  """Proposes, gamma times, what the target's own head makes of the stream after its last
+  layer at the last position the target ran (a toy feature drafter, for the tiny tied-head
+  Llama: its build hands it the target's embedding and final norm)."""
+
+  cfg: object
+  name = 'the target head on its last feature'
+
+  @property
+  def capture(self):
+    return (self.cfg.n_layers,)  # the stream leaving the last layer
+
+  @property
+  def vocab_size(self):
+    return self.cfg.vocab_size
+
+  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain, target):
+    return jnp.take_along_axis(target.features, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    x = llama.rms_norm(draft_state, params['final_norm'], self.cfg.norm_eps)
+    token = jnp.argmax(self.cfg.family.logits(params, x, self.cfg), axis=-1)
+    return jnp.repeat(token[:, None], gamma, axis=1).astype(jnp.int32), None, draft_state
+
+  def update(self, draft_state, state, target):
+    if target.features is None:
+      return draft_state
+    last = state.prompt_lens + state.num_generated - 2 - target.start  # the last run, kept
+    last = jnp.clip(last, 0, target.features.shape[1] - 1)[:, None, None]
+    return jnp.take_along_axis(target.features, last, axis=1)[:, 0]
+
+
+LAST_FEATURE = contract.DraftKind(
+  usage='lastfeature',
+  parse=lambda spec: None,
+  build=lambda settings, target, dtype: (
+    LastFeatureDrafter(target.cfg),
+    {'embed': target.params['embed'], 'final_norm': target.params['final_norm']},
+  ),
+)
+
+
+def test_a_new_feature_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+  monkeypatch.setitem(registry.DRAFTS.table, 'lastfeature', LAST_FEATURE)
+  config = config_lib.load_config('smollm2.py', 'tiny')
+  config.drafts = ('lastfeature',)
+  config.adaptive_gammas = ()
+  config.measure_costs = False
+  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  record = summary['methods']['lastfeature@4']
+  assert record['greedy_mismatches'] == 0 and record['drafted_tokens'] > 0
+  assert record['acceptance_rate'] > 0  # its proposals come from the features it was handed
 
 
 def test_plots_leave_a_notebooks_matplotlib_backend_alone(tmp_path):

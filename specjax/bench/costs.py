@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.control.cost_model import Costs
+from specjax.core.contract import TargetOut
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
 from specjax.decode import prefill as prefill_lib
@@ -141,7 +142,7 @@ def timer_propose(
       else:
         tokens, q, after = drafter.propose(draft_params, draft_state, moved, key, gamma, sampling)
       acc = acc + tokens[:, -1] + (0 if q is None else q[:, -1, 0] > 0.5)  # keep q live
-      return acc, drafter.rollback(after, state)
+      return acc, drafter.update(after, state, TargetOut())
 
     return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.int32), draft_state))
 

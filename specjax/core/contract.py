@@ -26,16 +26,22 @@ arrays it needs (a draft model's weights) come in as `params`, and whatever it c
 between iterations (its own KV cache) is a pytree `draft state` inside the loop's
 `SpecState`. Three calls, all traced inside the jitted loop:
 
-  init(params, prompt_tokens[B, P], prompt_lens[B], cache_size, constrain) -> draft state
+  init(params, prompt_tokens[B, P], prompt_lens[B], cache_size, constrain, target)
+      -> draft state
   propose(params, draft_state, state, key, gamma, sampling)
       -> (tokens[B, gamma], q[B, gamma, V] or None, draft_state)
-  rollback(draft_state, state) -> draft_state      # after the verifier's commit
+  update(draft_state, state, target) -> draft_state      # after the verifier's commit
 
 `q` is the (warped) distribution each proposed token was drawn from; deterministic
 drafters return None for one-hot q, which the loop then builds only for the iterations
-that verify a draft. `state` is the loop's DecodeState (tokens so far, lengths). Every
-optional hook is declared on `Drafter` with its default, so the loop never has to ask
-whether a drafter has one.
+that verify a draft. `state` is the loop's DecodeState (tokens so far, lengths). What the
+target computed reaches a drafter as one value, a `TargetOut`: the features of the layers
+it declares in `capture`, and, after the prompt, the target's KV cache. Two capabilities
+are classes of their own, checked when a method binds its drafter (decode/method.check):
+`TreeDrafter` (token trees) and `ConfidenceDrafter` (a confidence head). What the host
+does with a drafter (shard its parameters, make it resume after skipped steps, check a
+batch) is on its registry entry, a `DraftKind`, never on the traced class; a drafter's
+`name` is for reports and is left out of its equality (and so of the jit cache key).
 
 This module is part of the bottom layer: it imports nothing from specjax but core.
 """
@@ -50,7 +56,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax.core.sampling import SamplingConfig
 from specjax.core.state import DecodeState
 
 
@@ -87,15 +92,29 @@ class Family:
   move_slots: Callable[..., Any]
 
 
-class Drafter(abc.ABC):
-  """Base class; subclasses are frozen dataclasses.
+class TargetOut(NamedTuple):
+  """What the target's forward gives a drafter, as one value: its captured features[B, T,
+  C * D] of positions start[B] + t (None unless the drafter declares `capture`), and, after
+  the prompt only, the target's KV cache (a draft of the target's own architecture may
+  start from it instead of a prefill of its own)."""
 
-  `name` says what the drafter is in reports ('prompt lookup ngram(n=1..3)').
+  features: jax.Array | None = None
+  start: jax.Array | None = None
+  cache: Any = None
+
+
+class Drafter(abc.ABC):
+  """Base class; subclasses are frozen dataclasses (jit static arguments).
+
+  `name` says what the drafter is in reports ('prompt lookup ngram(n=1..3)'); `capture`,
+  the target layers whose incoming residual stream it reads (the family's `capture=`: the
+  loop's target forwards then hand it their features); `skip_when_empty`, True for
+  drafters that may find nothing to propose (lookup): the loop then runs a plain step
+  instead of verifying while no row `has_proposals`.
   """
 
   name: str = 'drafter'
-  # True for drafters that may find nothing to propose (lookup): the loop then runs a
-  # plain one-token step instead of verifying, while no row `has_proposals`.
+  capture: tuple[int, ...] = ()
   skip_when_empty: bool = False
 
   @property
@@ -104,90 +123,52 @@ class Drafter(abc.ABC):
     """Size of the vocabulary the proposals are drawn from."""
 
   @abc.abstractmethod
-  def init(
-    self, params, prompt_tokens: jax.Array, prompt_lens: jax.Array, cache_size: int, constrain=None
-  ) -> Any:
-    """The draft state after the prompt."""
+  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain, target: TargetOut):
+    """The draft state after the prompt (`target`: the target's prefill)."""
 
   @abc.abstractmethod
-  def propose(
-    self,
-    params,
-    draft_state,
-    state: DecodeState,
-    key: jax.Array,
-    gamma: int,
-    sampling: SamplingConfig,
-  ) -> tuple[jax.Array, jax.Array | None, Any]:
-    """gamma tokens per row, with the distributions they were drawn from (None: one-hot)."""
+  def propose(self, params, draft_state, state: DecodeState, key, gamma: int, sampling):
+    """(tokens[B, gamma], the distributions q[B, gamma, V] they were drawn from or None
+    for one-hot, the draft state)."""
 
   @abc.abstractmethod
-  def rollback(self, draft_state, state: DecodeState) -> Any:
-    """Brings the draft state in line with the committed tokens of `state`."""
-
-  @property
-  def feature_layers(self) -> tuple[int, ...]:
-    """Target layers whose incoming residual stream the drafter reads (feature heads).
-
-    Non-empty: the loop's target forwards capture them (the model contract's `capture`),
-    `init` gets the prompt's as `features=` and `absorb` each verification's.
-    """
-    return ()
-
-  @property
-  def reads_target_cache(self) -> bool:
-    """True: `init` also gets the target's KV cache after the prompt as `target_cache=`
-    (a draft of the target's own architecture can start from it instead of its own
-    prefill; the quantized target does)."""
-    return False
-
-  def absorb(self, draft_state, features: jax.Array, start: jax.Array, state: DecodeState):
-    """Takes the target's features[B, T, C * D] of positions start[B] + t (called after
-    the verifier's commit, before `rollback`, only when `feature_layers` is non-empty)."""
-    del features, start, state
-    return draft_state
-
-  def check_tree(self, spec) -> None:
-    """Raises ValueError unless this drafter can propose trees of `spec` (a TreeSpec)."""
-    raise ValueError(f'the {self.name} drafter cannot propose token trees')
-
-  def propose_tree(self, params, draft_state, state: DecodeState, key, spec, sampling):
-    """A tree draft (specjax.core.tree.TreeDraft) of spec.nodes nodes, and the draft state."""
-    raise NotImplementedError(f'{self.name} proposes no trees')
-
-  def accept_path(self, draft_state, draft, path: jax.Array, accepted: jax.Array):
-    """After a tree verification of `draft` (a TreeDraft): the accepted nodes path[B, D + 1]
-    (root first; accepted[B] draft tokens). Called before `rollback`; drafters that wrote
-    tree nodes into a cache of their own (draft.cache_slots) move the accepted ones into
-    place here."""
-    del draft, path, accepted
-    return draft_state
+  def update(self, draft_state, state: DecodeState, target: TargetOut):
+    """The draft state in line with the committed tokens of `state`, after the verifier's
+    commit; `target` is that iteration's target forward (features from position start)."""
 
   def has_proposals(self, draft_state) -> jax.Array:
     """[] bool: did the last proposal find anything for some row (see skip_when_empty)."""
     del draft_state
     return jnp.asarray(True)
 
-  def check_batch(self, batch: int) -> None:
-    """Raises ValueError if this drafter cannot serve a batch of `batch` rows."""
-    del batch
 
-  @property
-  def partition_rules(self) -> tuple | None:
-    """How its parameters shard over a (data, model) mesh: ((regex, PartitionSpec), ...)
-    over their paths (specjax/models/sharding.py); None: the target's rules (a draft
-    model's tree has the target's names)."""
-    return None
+class TreeDrafter(Drafter):
+  """A drafter that also drafts token trees (tree methods need one: decode/method.check)."""
 
-  def resyncing(self, window: int) -> Drafter:
-    """This drafter, able to resume after up to `window` plain steps that skipped it.
+  def check_tree(self, spec) -> None:
+    """Raises ValueError unless it can propose trees of `spec` (a core.tree.TreeSpec); a
+    drafter refuses here the shapes it cannot fill (a trie drafter, fixed shapes)."""
+    del spec
 
-    Adaptive control runs plain target steps without the drafter. Drafters whose state
-    is derived from the emitted tokens (prompt lookup) need nothing; those with a cache
-    of their own (draft models) return a variant that catches up.
-    """
-    del window
-    return self
+  @abc.abstractmethod
+  def propose_tree(self, params, draft_state, state: DecodeState, key, spec, sampling):
+    """A tree draft (core.tree.TreeDraft) of spec.nodes nodes, and the draft state."""
+
+  def accept_path(self, draft_state, draft, path: jax.Array, accepted: jax.Array):
+    """After a tree verification: the accepted nodes path[B, D + 1] (root first;
+    accepted[B] draft tokens), before `update`; a drafter that wrote nodes into a cache
+    of its own (draft.cache_slots) moves the accepted ones into place here."""
+    del draft, path, accepted
+    return draft_state
+
+
+class ConfidenceDrafter(Drafter):
+  """A drafter with a confidence head ('<draft>@scheduled': control/scheduled.py)."""
+
+  @abc.abstractmethod
+  def confidences(self, params, draft_state, state: DecodeState, gamma: int):
+    """(each of the first gamma positions' survival probability [B, gamma], the draft state
+    as a proposal would leave it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +183,15 @@ class DraftKind:
   max_depth: the longest chain (or tree depth) it can draft, 0 for no limit; and
   group(settings): how many consecutive rows it drafts together (every batch a multiple):
     both checked against a run config before any model loads.
+  What the host does with its drafters, never traced:
+  classes: the Drafter classes it builds (registry.kind_of finds a drafter's kind by them);
+  partition_rules: how its parameters shard over a (data, model) mesh, ((regex,
+    PartitionSpec), ...) over their paths (specjax/models/sharding.py); None: the target's
+    (a draft model's tree has the target's names);
+  resync(drafter, window) -> the drafter able to resume after up to `window` plain steps
+    that skipped it (adaptive control); None: a drafter whose state is derived from the
+    emitted tokens (prompt lookup) needs nothing;
+  scheduled: its drafters are ConfidenceDrafters, so '<draft>@scheduled' parses.
   """
 
   usage: str
@@ -209,6 +199,10 @@ class DraftKind:
   build: Callable[[Any, Any, str], tuple[Drafter, Any]]
   max_depth: int = 0
   group: Callable[[Any], int] = lambda settings: 1
+  classes: tuple[type, ...] = ()
+  partition_rules: tuple | None = None
+  resync: Callable[[Drafter, int], Drafter] | None = None
+  scheduled: bool = False  # its drafters have a confidence head ('<draft>@scheduled')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import registry
 from specjax.control import adaptive as adaptive_lib
 from specjax.core.contract import Drafter
 from specjax.core.sampling import SamplingConfig
@@ -114,7 +115,7 @@ class Engine:
       batch allocates only the smallest bucket that fits it.
     mesh: optional (data, model) mesh. Target parameters shard by `rules` and then the
       default rules, draft parameters by `draft_rules` and then the drafter's own
-      (`Drafter.partition_rules`, else the target's), and KV caches (target's and
+      (its registry kind's `partition_rules`, else the target's), and KV caches (target's and
       draft's) by `cache_spec` over [B, G, S, H]; specjax/models/sharding.py. A mesh
       axis that does not divide a dimension leaves it replicated.
     buckets: prompt lengths are right-padded up to one of these (default powers of 2).
@@ -163,7 +164,7 @@ class Engine:
       )
     self.drafter = drafter
     target_rules = tuple(rules) + sharding_lib.DEFAULT_RULES
-    own = None if drafter is None else drafter.partition_rules
+    own = None if drafter is None else registry.kind_of(drafter).partition_rules
     self.rules = {
       'target': target_rules,
       'draft': tuple(draft_rules) + (target_rules if own is None else tuple(own)),
@@ -301,7 +302,7 @@ class Engine:
     if not method.speculative:
       return None
     if method.is_adaptive:
-      return self.drafter.resyncing(method.adaptive_config.max_wait)
+      return registry.resync(self.drafter, method.adaptive_config.max_wait)
     return self.drafter
 
   def generate(

@@ -45,7 +45,7 @@ from specjax.control import scheduled as scheduled_lib
 from specjax.core import contract
 from specjax.core import sampling as sampling_lib
 from specjax.core import tree as tree_lib
-from specjax.core.contract import Drafter
+from specjax.core.contract import Drafter, TargetOut
 from specjax.core.state import DecodeState, commit
 from specjax.decode import method as method_lib
 from specjax.decode.method import Method
@@ -131,18 +131,16 @@ def _emit(
   state = state.replace(cache=cache, step=state.step + jnp.asarray(counted, jnp.int32))
   state = commit(state, new_tokens, accepted + 1, spec.eos_id)
   if drafter is not None:
-    if features is not None:
-      draft_state = drafter.absorb(draft_state, features, start, state)
-    draft_state = drafter.rollback(draft_state, state)
+    draft_state = drafter.update(draft_state, state, TargetOut(features, start))
   return state.replace(spec=ss.replace(draft=draft_state))
 
 
 def target_forward(params, tokens, cache, cfg, drafter: Drafter | None):
   """The target over tokens[B, T]: (logits, cache, features or None).
 
-  Captures the drafter's `feature_layers` when it has some.
+  Captures the layers the drafter reads (its `capture`) when it has some.
   """
-  capture = drafter.feature_layers if drafter is not None else ()
+  capture = drafter.capture if drafter is not None else ()
   return cfg.family.forward(params, tokens, cache, cfg, capture=capture)[:3]
 
 
@@ -226,7 +224,7 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
   tokens = jnp.concatenate([state.last_tokens[:, None], draft.tokens], axis=1)  # [B, N+1]
   slots = start[:, None] + jnp.arange(n + 1, dtype=jnp.int32)
   mask = tree_lib.tree_mask(anc, start, state.cache.cache_size)
-  capture = spec.drafter.feature_layers
+  capture = spec.drafter.capture
   at = contract.At(start[:, None] + depth, slots, mask)
   out = model.forward(target, tokens, state.cache, cfg, capture=capture, at=at)
   logits, cache = out.logits, out.cache

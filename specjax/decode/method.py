@@ -28,6 +28,7 @@ import dataclasses
 from specjax import registry
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.core import tree as tree_lib
+from specjax.core.contract import ConfidenceDrafter, TreeDrafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Method:
     if setting == 'adaptive':
       return cls(Adaptive(), verifier, draft, text)
     if setting == 'scheduled':
-      if registry.parse_draft(draft)[0] is not registry.DRAFTS.get('dspark'):
+      if not registry.parse_draft(draft)[0].scheduled:
         raise ValueError(
           f'method {text!r}: a confidence-scheduled verification needs a draft with a '
           'confidence head (dspark:...)'
@@ -250,12 +251,15 @@ def check(method: Method, drafter, sampling=None) -> None:
       f'gamma={method.depth} needs a drafter, and this engine has none ({method.name})'
     )
   for spec in method.tree_specs:
+    if not isinstance(drafter, TreeDrafter):
+      raise ValueError(f'the {drafter.name} drafter cannot propose token trees')
     drafter.check_tree(spec)
   config = method.adaptive_config
-  if config is not None and config.schedule == 'confidence' and not hasattr(drafter, 'confidences'):
+  confident = isinstance(drafter, ConfidenceDrafter)
+  if config is not None and config.schedule == 'confidence' and not confident:
     raise ValueError(
       f'a confidence schedule needs a drafter with a confidence head (dspark); '
-      f'{getattr(drafter, "name", drafter)} has none'
+      f'{drafter.name} has none'
     )
   if sampling is not None and registry.VERIFIERS.get(method.verifier).greedy_only:
     if not sampling.greedy:

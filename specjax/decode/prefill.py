@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from specjax.control import adaptive as adaptive_lib
 from specjax.core import sampling as sampling_lib
-from specjax.core.contract import Drafter
+from specjax.core.contract import Drafter, TargetOut
 from specjax.core.state import DecodeState, SpecState, commit
 from specjax.decode.method import Method
 
@@ -47,7 +47,7 @@ def prefill(
   cache = model.init_cache(cfg, b, cache_size, target['embed'].dtype)
   if constrain_cache is not None:
     cache = constrain_cache(cache)
-  capture = drafter.feature_layers if drafter is not None else ()
+  capture = drafter.capture if drafter is not None else ()
   out = model.forward(target, prompt_tokens, cache, cfg, capture=capture, head=False)
   hidden, cache = out.hidden, out.cache  # [B, P, D]
   last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]  # [B, D]
@@ -67,11 +67,9 @@ def prefill(
   state = commit(state, first[:, None], jnp.ones((b,), jnp.int32), eos_id)
   draft_state = None
   if drafter is not None:
-    extra = {'features': out.features} if capture else {}  # the prompt's, for feature heads
-    if drafter.reads_target_cache:
-      extra['target_cache'] = cache
+    target_out = TargetOut(out.features, jnp.zeros((b,), jnp.int32), cache)
     draft_state = drafter.init(
-      params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache, **extra
+      params['draft'], prompt_tokens, prompt_lens, cache_size, constrain_cache, target_out
     )
   if method.is_adaptive and control is None:
     control = adaptive_lib.init(method.adaptive_config)

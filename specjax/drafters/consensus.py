@@ -34,8 +34,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.core.contract import DraftKind
-from specjax.drafters.ngram import LookupDrafter, context, lookup, trie
+from specjax.core.contract import DraftKind, TargetOut
+from specjax.drafters.ngram import TrieDrafter, context, lookup, trie
 
 
 def group_candidates(
@@ -162,7 +162,7 @@ def sampled_path(
 
 
 @dataclasses.dataclass(frozen=True)
-class ConsensusDrafter(LookupDrafter):
+class ConsensusDrafter(TrieDrafter):
   """Drafts each row from the other rows of its group of `group` samples of one prompt.
 
   Attributes:
@@ -206,15 +206,19 @@ class ConsensusDrafter(LookupDrafter):
     )
 
   def check_batch(self, batch: int) -> None:
+    """Raises ValueError unless a batch of `batch` rows is whole groups (its kind's `group`
+    checks a config before anything loads; this, a batch built in code)."""
     if batch % self.group:
       raise ValueError(
         f'the consensus drafter groups {self.group} consecutive rows per prompt, '
         f'but the batch has {batch} rows (not a multiple of {self.group})'
       )
 
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
     self.check_batch(prompt_tokens.shape[0])
-    return super().init(params, prompt_tokens, prompt_lens, cache_size, constrain)
+    return super().init(params, prompt_tokens, prompt_lens, cache_size, constrain, target)
 
   def candidates(self, ctx, length, prompt_lens, gamma):
     """([B, C, gamma] candidate continuations, [B, C, gamma] valid, [B, C] weights).

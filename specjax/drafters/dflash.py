@@ -10,7 +10,7 @@ rejection and block verification stay lossless). Its draft vocabulary may be red
 (q = 0 outside it).
 
 **Features without a second target pass.** Like the EAGLE head (drafters/eagle.py) it
-declares `feature_layers`; the loop's target forwards capture them and `absorb` keeps the
+declares `capture`; the loop's target forwards capture those layers and `update` keeps the
 committed positions' features in a small ring. The drafter's cache holds, per layer, the
 keys and values of the committed context's fused features: a function of a position's
 features alone, never of the drafter's own guesses. A proposal first writes the pending
@@ -38,7 +38,7 @@ from flax import struct
 
 from specjax.checkpoints import dflash as dflash_ckpt
 from specjax.core import sampling as sampling_lib
-from specjax.core.contract import DraftKind
+from specjax.core.contract import DraftKind, TargetOut
 from specjax.drafters import tree_build
 from specjax.drafters.eagle import FeatureDrafter, check_target, committed_length, to_full_vocab
 from specjax.models import dflash as dflash_model
@@ -60,29 +60,24 @@ class DFlashDrafter(FeatureDrafter):
   """Drafts with a block drafter `cfg`; params {'block': ..., 'embed': target [V, D]}.
 
   `ring` is how many committed positions of features it keeps (0: the block size, enough
-  for any chain); under adaptive control (`resyncing`) plain target steps leave features
+  for any chain); under adaptive control (its kind's `resync`) plain target steps leave features
   pending, and a proposal then writes up to `ring` of them at once.
   """
 
   cfg: DFlashConfig
-  name: str = 'DFlash block drafter'
+  name: str = dataclasses.field(default='DFlash block drafter', compare=False)
   ring: int = 0
   resync: int = 0
   kind = 'DFlash'  # (a class constant: what errors call it)
 
   @property
-  def partition_rules(self):
-    return sharding.DFLASH_RULES
-
-  @property
   def ring_size(self) -> int:
     return max(self.ring, self.cfg.block_size)
 
-  def resyncing(self, window: int) -> DFlashDrafter:
-    # Pending after a streak of plain steps: the last chain's tokens and the streak's.
-    return dataclasses.replace(self, resync=window, ring=self.cfg.block_size + window)
-
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, features=None):
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
+    features = target.features
     if features is None:
       raise ValueError('a DFlash drafter needs the target features of the prompt (prefill capture)')
     block = params['block']
@@ -176,7 +171,7 @@ class DFlashDrafter(FeatureDrafter):
       draft, _ = tree_build.dynamic_tree(*args, spec, sampling, **extra)
     return draft, draft_state.replace(cache=cache)
 
-  def rollback(self, draft_state: DFlashState, state) -> DFlashState:
+  def _trim(self, draft_state: DFlashState, state) -> DFlashState:
     # The cache holds committed positions only; a target that rolled back past them
     # (never in the loop) would need them written again.
     lengths = jnp.minimum(draft_state.cache.lengths, committed_length(state))
@@ -255,4 +250,16 @@ def draft_params(cfg: DFlashConfig, block, source, target, dtype) -> dict:
   return {'block': block, 'embed': embed}
 
 
-DFLASH = DraftKind(usage=USAGE, parse=_parse, build=_build)
+def resyncing(drafter: DFlashDrafter, window: int) -> DFlashDrafter:
+  # Pending after a streak of plain steps: the last chain's tokens and the streak's.
+  return dataclasses.replace(drafter, resync=window, ring=drafter.cfg.block_size + window)
+
+
+DFLASH = DraftKind(
+  usage=USAGE,
+  parse=_parse,
+  build=_build,
+  classes=(DFlashDrafter,),
+  partition_rules=sharding.DFLASH_RULES,
+  resync=resyncing,
+)

@@ -31,6 +31,7 @@ from specjax.checkpoints import draft_dir
 from specjax.core import contract
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import DraftKind
+from specjax.drafters import model as model_drafters
 from specjax.drafters.model import ModelDrafter
 from specjax.models import llama
 from specjax.models.kv_cache import KVCache
@@ -97,7 +98,7 @@ class DistilledDrafter(ModelDrafter):
   size of the distributions handed to the verifier.
   """
 
-  name: str = 'distilled draft'
+  name: str = dataclasses.field(default='distilled draft', compare=False)
 
   def forward(self, params, tokens, cache):
     return subset_logits(params, tokens, cache, self.cfg)  # [B, T, K]: the draft vocabulary
@@ -153,4 +154,6 @@ def _build(path, target, dtype):
   return DistilledDrafter(cfg, name=name), params
 
 
-DISTILLED = DraftKind(usage=DISTILLED_USAGE, parse=_parse, build=_build)
+DISTILLED = DraftKind(
+  usage=DISTILLED_USAGE, parse=_parse, build=_build, resync=model_drafters.resyncing
+)

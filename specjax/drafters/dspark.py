@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.checkpoints import dspark as dspark_ckpt
-from specjax.core.contract import DraftKind
+from specjax.core.contract import ConfidenceDrafter, DraftKind
 from specjax.drafters import dflash as dflash_drafter
 from specjax.drafters.dflash import DFlashDrafter, DFlashState
 from specjax.drafters.eagle import to_full_vocab
@@ -34,10 +34,10 @@ DEFAULT_RANK = 64
 
 
 @dataclasses.dataclass(frozen=True)
-class DSparkDrafter(DFlashDrafter):
+class DSparkDrafter(DFlashDrafter, ConfidenceDrafter):
   """params {'block': DFlash's, 'embed': the target's [V, D], 'heads': models/dspark's}."""
 
-  name: str = 'DSpark block drafter'
+  name: str = dataclasses.field(default='DSpark block drafter', compare=False)
   kind = 'DSpark'
 
   def _block(self, params, draft_state: DFlashState, state, gamma: int):
@@ -121,4 +121,12 @@ def _build(settings, target, dtype):
   return DSparkDrafter(cfg, name=name), {**params, 'heads': heads}
 
 
-DSPARK = DraftKind(usage=USAGE, parse=_parse, build=_build)
+DSPARK = DraftKind(
+  usage=USAGE,
+  parse=_parse,
+  build=_build,
+  classes=(DSparkDrafter,),
+  scheduled=True,
+  partition_rules=dflash_drafter.DFLASH.partition_rules,
+  resync=dflash_drafter.resyncing,
+)

@@ -4,14 +4,14 @@ A head drafts from the target's own features rather than from tokens alone; its 
 vocabulary is the K tokens the target emits most, and q = 0 outside it keeps
 verification lossless.
 
-**Features without a second target pass.** The drafter declares `feature_layers`; the
-loop's target forwards (prefill and every verification, through the model contract's
-`capture`) return those layers' streams, and `absorb` keeps the committed positions'
-features in a small ring buffer. The head's KV cache holds the positions it has run with
-true target features; each proposal first runs the pending ones (the tokens committed
-since the last proposal: static width gamma + 1, masked), then gamma - 1 steps on its
-own output states. Rolling back is setting the head cache's length back to where its own
-states began (`base`), whatever the verifier kept.
+**Features without a second target pass.** The drafter declares `capture`; the loop's
+target forwards (prefill and every verification, through the model contract's `capture=`)
+return those layers' streams, handed to it as `TargetOut.features`, and `update` keeps the
+committed positions' features in a small ring buffer. The head's KV cache holds the
+positions it has run with true target features; each proposal first runs the pending ones
+(the tokens committed since the last proposal: static width gamma + 1, masked), then
+gamma - 1 steps on its own output states. Rolling back is setting the head cache's length back
+to where its own states began (`base`), whatever the verifier kept.
 
 Draft specs: `eagle` (the head shipped for SmolLM2-135M-Instruct) or `eagle:DIR` (a head
 in EAGLE-3's checkpoint layout, e.g. one written by `python -m specjax.train_draft
@@ -31,7 +31,7 @@ from flax import struct
 
 from specjax.checkpoints import eagle3
 from specjax.core import sampling as sampling_lib
-from specjax.core.contract import Drafter, DraftKind
+from specjax.core.contract import DraftKind, TargetOut, TreeDrafter
 from specjax.drafters import tree_build
 from specjax.models import eagle as eagle_model
 from specjax.models import llama, sharding
@@ -56,20 +56,26 @@ def committed_length(state) -> jax.Array:
   return state.prompt_lens + state.num_generated - 1
 
 
-class FeatureDrafter(Drafter):
+class FeatureDrafter(TreeDrafter):
   """What the feature drafters share (EagleDrafter, drafters/dflash.DFlashDrafter): a
   shape `cfg` (models/eagle.FeatureConfig) and, in the draft state, a `ring` [B, W, C * D]
-  of committed positions' features (position p at slot p % W), which `absorb` fills."""
+  of committed positions' features (position p at slot p % W), which `update` fills from
+  each target forward before `_trim` drops what the draft guessed past the commit."""
 
   @property
   def vocab_size(self) -> int:
     return self.cfg.vocab_size
 
   @property
-  def feature_layers(self) -> tuple[int, ...]:
+  def capture(self) -> tuple[int, ...]:
     return self.cfg.capture
 
-  def absorb(self, draft_state, features, start, state):
+  def update(self, draft_state, state, target=TargetOut()):
+    if target.features is not None:
+      draft_state = self._absorb(draft_state, target.features, target.start, state)
+    return self._trim(draft_state, state)
+
+  def _absorb(self, draft_state, features, start, state):
     """Keeps features[B, T, C*D] of positions start + t that are now committed."""
     b, t, _ = features.shape
     w = draft_state.ring.shape[1]
@@ -97,20 +103,19 @@ class EagleDrafter(FeatureDrafter):
   """Drafts with a feature head `cfg`; params {'head': ..., 'embed': target [V, D]}.
 
   `ring` is how many committed positions of features it keeps (at least gamma + 1);
-  under adaptive control (`resyncing`) plain target steps leave features pending, and a
+  under adaptive control (its kind's `resync`) plain target steps leave features pending, and a
   proposal runs up to `ring` of them at once.
   """
 
   cfg: EagleConfig
-  name: str = 'EAGLE-3 feature head'
+  name: str = dataclasses.field(default='EAGLE-3 feature head', compare=False)
   ring: int = 16
   resync: int = 0
 
-  @property
-  def partition_rules(self):
-    return sharding.EAGLE_RULES
-
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, features=None):
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
+    features = target.features
     if features is None:
       raise ValueError('an EAGLE head needs the target features of the prompt (prefill capture)')
     head, embed = params['head'], params['embed']
@@ -132,9 +137,6 @@ class EagleDrafter(FeatureDrafter):
     ring = ring.at[jnp.arange(b)[:, None], ((prompt_lens - 1) % w)[:, None]].set(last)
     lengths = (prompt_lens - 1).astype(jnp.int32)
     return EagleState(cache=cache.with_lengths(lengths), ring=ring, base=lengths)
-
-  def resyncing(self, window: int) -> EagleDrafter:
-    return dataclasses.replace(self, resync=window, ring=max(self.ring, window))
 
   def _catch_up(self, params, draft_state: EagleState, state, width: int):
     """Runs the pending positions (the last `width` before the target's length) with their
@@ -218,7 +220,7 @@ class EagleDrafter(FeatureDrafter):
       draft, cache = tree_build.dynamic_tree(*args, spec, sampling, **extra)
     return draft, draft_state.replace(cache=cache, base=base)
 
-  def rollback(self, draft_state: EagleState, state) -> EagleState:
+  def _trim(self, draft_state: EagleState, state) -> EagleState:
     # Only entries run with the target's features stay: its own states were guesses.
     lengths = jnp.minimum(draft_state.cache.lengths, draft_state.base)
     return draft_state.replace(cache=draft_state.cache.with_lengths(lengths))
@@ -254,4 +256,16 @@ def _build(path, target, dtype):
   return EagleDrafter(cfg, name=name), {'head': head, 'embed': embed}
 
 
-EAGLE = DraftKind(usage=USAGE, parse=_parse, build=_build, max_depth=EagleDrafter.ring - 1)
+def _resync(drafter: EagleDrafter, window: int) -> EagleDrafter:
+  return dataclasses.replace(drafter, resync=window, ring=max(drafter.ring, window))
+
+
+EAGLE = DraftKind(
+  usage=USAGE,
+  parse=_parse,
+  build=_build,
+  max_depth=EagleDrafter.ring - 1,
+  classes=(EagleDrafter,),
+  partition_rules=sharding.EAGLE_RULES,
+  resync=_resync,
+)

@@ -24,7 +24,7 @@ from flax import struct
 from specjax.checkpoints import loader
 from specjax.core import contract
 from specjax.core import sampling as sampling_lib
-from specjax.core.contract import Drafter, DraftKind
+from specjax.core.contract import DraftKind, TargetOut, TreeDrafter
 from specjax.drafters import tree_build
 from specjax.models import llama, quant
 from specjax.models.kv_cache import KVCache
@@ -48,7 +48,7 @@ CATCH_UP = 16  # tokens a catch-up forward feeds (ModelDrafter.caught_up)
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter(Drafter):
+class ModelDrafter(TreeDrafter):
   """Drafts with a model `cfg` of any family (params passed separately).
 
   `layers`, if set, runs only those layers of the model: with the target's own
@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
   """
 
   cfg: llama.LlamaConfig
-  name: str = 'draft model'
+  name: str = dataclasses.field(default='draft model', compare=False)
   layers: tuple[int, ...] | None = None
   resync: int = 0  # > 0: a proposal first catches up on tokens skipped by plain steps
 
@@ -75,7 +75,10 @@ class ModelDrafter(Drafter):
   def vocab_size(self) -> int:
     return self.cfg.vocab_size
 
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
+    del target  # a prefill of its own
     model = self.cfg.family
     cache = model.init_cache(self.cfg, prompt_tokens.shape[0], cache_size, params['embed'].dtype)
     if constrain is not None:
@@ -83,9 +86,6 @@ class ModelDrafter(Drafter):
     cache = model.forward(params, prompt_tokens, cache, self.cfg, self.layers, head=False).cache
     last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     return ModelDraftState(cache=cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
-
-  def resyncing(self, window: int) -> ModelDrafter:
-    return dataclasses.replace(self, resync=window)
 
   def forward(self, params, tokens, cache):
     """The draft model: tokens[B, T] -> (logits[B, T, V'], cache). Subclasses may narrow V'."""
@@ -169,7 +169,7 @@ class ModelDrafter(Drafter):
       draft, cache = tree_build.static_tree(*args, spec.shape, key, sampling, **extra)
     else:
       draft, cache = tree_build.dynamic_tree(*args, spec, sampling, **extra)
-    filled = c + spec.nodes  # past every node: rollback trims to the accepted path
+    filled = c + spec.nodes  # past every node: update trims to the accepted path
     return draft, draft_state.replace(cache=cache.with_lengths(filled))
 
   def accept_path(self, draft_state, draft, path, accepted):
@@ -182,7 +182,8 @@ class ModelDrafter(Drafter):
     cache = self.cfg.family.move_slots(draft_state.cache, src, dst)
     return draft_state.replace(cache=cache)
 
-  def rollback(self, draft_state, state):
+  def update(self, draft_state, state, target=TargetOut()):
+    del target
     # After a proposal the cache is filled past this point; after a skipped one it may lag.
     lengths = jnp.minimum(draft_state.cache.lengths, state.prompt_lens + state.num_generated - 2)
     return draft_state.replace(cache=draft_state.cache.with_lengths(lengths))
@@ -308,18 +309,29 @@ def _build_model(text, target, dtype):
   return ModelDrafter(draft.cfg, name=f'draft model {text}'), draft.params
 
 
+def resyncing(drafter: ModelDrafter, window: int) -> ModelDrafter:
+  """A draft model that catches up on up to `window` tokens plain steps skipped."""
+  return dataclasses.replace(drafter, resync=window)
+
+
 LAYERS = DraftKind(
   usage='layers:<ranges of the target layers to run, e.g. 0-11,20-29>',
   parse=_parse_layers,
   build=_build_layers,
+  resync=resyncing,
 )
 TRUNCATED = DraftKind(
-  usage='truncated:<number of layers>', parse=_parse_truncated, build=_build_truncated
+  usage='truncated:<number of layers>',
+  parse=_parse_truncated,
+  build=_build_truncated,
+  resync=resyncing,
 )
 MODEL = DraftKind(
   usage='a model spec (an asset name, a .gguf file, a Hugging Face directory or hf:<org>/<name>)',
   parse=_parse_model,
   build=_build_model,
+  classes=(ModelDrafter,),
+  resync=resyncing,
 )
 
 
@@ -359,15 +371,13 @@ class QuantizedDrafter(ModelDrafter):
   than the target's prefill), then writes its own keys and values for what follows.
   """
 
-  @property
-  def reads_target_cache(self) -> bool:
-    return True
-
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target_cache=None):
-    if target_cache is None:
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
+    if target.cache is None:  # called without the target's prefill: one of its own
       return super().init(params, prompt_tokens, prompt_lens, cache_size, constrain)
     last = jnp.take_along_axis(prompt_tokens, (prompt_lens - 1)[:, None], axis=1)[:, 0]
-    return ModelDraftState(cache=target_cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
+    return ModelDraftState(cache=target.cache.with_lengths(prompt_lens - 1), last_prompt_token=last)
 
 
 def _build_quantized(fmt, target, dtype):
@@ -383,4 +393,6 @@ def _build_quantized(fmt, target, dtype):
   return QuantizedDrafter(target.cfg, name=name), params
 
 
-QUANTIZED = DraftKind(usage=QUANTIZED_USAGE, parse=_parse_quantized, build=_build_quantized)
+QUANTIZED = DraftKind(
+  usage=QUANTIZED_USAGE, parse=_parse_quantized, build=_build_quantized, resync=resyncing
+)

@@ -25,6 +25,7 @@ costs a forward per token.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.core import sampling as sampling_lib
-from specjax.core.contract import Drafter, DraftKind
+from specjax.core.contract import Drafter, DraftKind, TargetOut
 from specjax.drafters.model import ModelDrafter, last_two_tokens
 from specjax.verify import common, rejection
 
@@ -51,7 +52,7 @@ class MultiLevelDrafter(Drafter):
   upper: ModelDrafter
   lower: Drafter
   k: int = 3
-  name: str = 'multilevel'
+  name: str = dataclasses.field(default='multilevel', compare=False)
 
   def __post_init__(self):
     if not isinstance(self.k, int) or self.k < 1:
@@ -61,7 +62,7 @@ class MultiLevelDrafter(Drafter):
         f'multilevel: the lower level ({self.lower.name}) drafts over {self.lower.vocab_size} '
         f'tokens but the upper ({self.upper.name}) over {self.upper.vocab_size}'
       )
-    if self.lower.feature_layers:
+    if self.lower.capture:
       raise ValueError(
         f"multilevel: {self.lower.name} reads the target's features, which the upper draft "
         'model does not give; use it as the draft itself'
@@ -71,27 +72,15 @@ class MultiLevelDrafter(Drafter):
   def vocab_size(self) -> int:
     return self.upper.vocab_size
 
-  @property
-  def reads_target_cache(self) -> bool:
-    return self.upper.reads_target_cache or self.lower.reads_target_cache
-
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target_cache=None):
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
     def one(drafter, p):
-      extra = {'target_cache': target_cache} if drafter.reads_target_cache else {}
-      return drafter.init(p, prompt_tokens, prompt_lens, cache_size, constrain, **extra)
+      return drafter.init(p, prompt_tokens, prompt_lens, cache_size, constrain, target)
 
     return MultiLevelState(
       upper=one(self.upper, params['upper']), lower=one(self.lower, params['lower'])
     )
-
-  def resyncing(self, window: int) -> MultiLevelDrafter:
-    return dataclasses.replace(
-      self, upper=self.upper.resyncing(window), lower=self.lower.resyncing(window)
-    )
-
-  def check_batch(self, batch: int) -> None:
-    self.upper.check_batch(batch)
-    self.lower.check_batch(batch)
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     k, b = self.k, state.tokens.shape[0]
@@ -129,7 +118,7 @@ class MultiLevelDrafter(Drafter):
       old_q = jnp.take_along_axis(qs, cols[..., None], axis=1)
       qs = qs.at[rows, cols].set(jnp.where(write[..., None], q1, old_q))
       filled = jnp.where(live, filled + kept + 1, filled)
-      lower = self.lower.rollback(lower, view(filled, toks))
+      lower = self.lower.update(lower, view(filled, toks), TargetOut())
       return filled, toks, qs, cache, lower, key
 
     up = self.upper
@@ -150,10 +139,10 @@ class MultiLevelDrafter(Drafter):
     out = MultiLevelState(upper=upper_state.replace(cache=cache), lower=lower)
     return toks[:, :gamma], qs[:, :gamma], out
 
-  def rollback(self, draft_state, state):
+  def update(self, draft_state, state, target=TargetOut()):
     return MultiLevelState(
-      upper=self.upper.rollback(draft_state.upper, state),
-      lower=self.lower.rollback(draft_state.lower, state),
+      upper=self.upper.update(draft_state.upper, state, target),
+      lower=self.lower.update(draft_state.lower, state, target),
     )
 
 
@@ -207,4 +196,24 @@ def _build(settings, target, dtype):
   return drafter, {'upper': up_params, 'lower': low_params}
 
 
-MULTILEVEL = DraftKind(usage=MULTILEVEL_USAGE, parse=_parse, build=_build)
+def _resync(drafter: MultiLevelDrafter, window: int) -> MultiLevelDrafter:
+  from specjax import registry  # noqa: PLC0415 - each level's own kind
+
+  upper, lower = (registry.resync(d, window) for d in (drafter.upper, drafter.lower))
+  return dataclasses.replace(drafter, upper=upper, lower=lower)
+
+
+def _group(settings) -> int:
+  """Rows drafted together: what both levels need (a consensus lower level groups)."""
+  _, ((upper, up), (lower, low)), _ = settings
+  return math.lcm(upper.group(up), lower.group(low))
+
+
+MULTILEVEL = DraftKind(
+  usage=MULTILEVEL_USAGE,
+  parse=_parse,
+  build=_build,
+  group=_group,
+  classes=(MultiLevelDrafter,),
+  resync=_resync,
+)

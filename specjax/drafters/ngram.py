@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.core import tree as tree_lib
-from specjax.core.contract import Drafter, DraftKind
+from specjax.core.contract import Drafter, DraftKind, TargetOut, TreeDrafter
 
 
 @struct.dataclass
@@ -123,7 +123,10 @@ class LookupDrafter(Drafter):
   def vocab_size(self) -> int:
     return self.vocab
 
-  def init(self, params, prompt_tokens, prompt_lens, cache_size, constrain=None):
+  def init(
+    self, params, prompt_tokens, prompt_lens, cache_size, constrain=None, target=TargetOut()
+  ):
+    del target
     b, p = prompt_tokens.shape
     valid = jnp.arange(p)[None] < prompt_lens[:, None]
     prompt = jnp.full((b, cache_size), -1, jnp.int32)
@@ -136,11 +139,16 @@ class LookupDrafter(Drafter):
     tokens = jnp.where(found[:, None] & (tokens >= 0), tokens, 0).astype(jnp.int32)
     return tokens, None, draft_state.replace(found=found)
 
-  def rollback(self, draft_state, state):
+  def update(self, draft_state, state, target=TargetOut()):
     return draft_state
 
   def has_proposals(self, draft_state) -> jax.Array:
     return jnp.any(draft_state.found)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrieDrafter(LookupDrafter, TreeDrafter):
+  """A lookup drafter whose trees are tries of the continuations it finds (dynamic trees)."""
 
   def check_tree(self, spec) -> None:
     if spec.shape is not None:
@@ -156,7 +164,7 @@ class LookupDrafter(Drafter):
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter(LookupDrafter):
+class NgramDrafter(TrieDrafter):
   """Prompt-lookup drafter over a `vocab`-token vocabulary."""
 
   n_max: int = 3

@@ -28,6 +28,7 @@ from specjax.bench import leaderboard, metrics
 from specjax.checkpoints import loader
 from specjax.control.adaptive import AdaptiveConfig
 from specjax.control.cost_model import Costs
+from specjax.core.contract import TreeDrafter
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
 from specjax.data import prompts as prompts_lib
@@ -110,8 +111,6 @@ def build_engines(
     drafter, draft_params = (
       registry.build_draft(spec, model, config.dtype) if spec else (None, None)
     )
-    if drafter is not None:
-      drafter.check_batch(config.batch_size)
     engines[spec] = Engine(
       params,
       model.cfg,
@@ -147,6 +146,8 @@ def adaptive_trees_of(config, engine, methods, spec: str) -> tuple:
   """The config's adaptive trees this draft's adaptive method can draft (static shapes;
   prompt lookup, which drafts only tries, keeps to chains)."""
   if not any(m.is_adaptive and m.draft == spec for m in methods):
+    return ()
+  if not isinstance(engine.drafter, TreeDrafter):
     return ()
   out = []
   for shape in run_config.adaptive_trees(config):
@@ -240,13 +241,12 @@ def tune_kernels(config, engines, methods, trees_of, cache_size: int, say, quick
     )
 
 
-def catch_up_cost(drafter, costs) -> float:
+def catch_up_cost(spec: str, costs) -> float:
   """What adaptive control charges per skipped token a draft feeds when it drafts again
-  (target steps): a draft with state of its own to catch up on (one whose `resyncing`
-  variant is another drafter: draft models, feature heads) is charged a draft step per
-  token, c, what feeding them one at a time costs (a chunk is usually cheaper per token);
-  prompt lookup nothing."""
-  return round(costs.c, 4) if drafter.resyncing(1) is not drafter else 0.0
+  (target steps): a draft with state of its own to catch up on (its kind has a `resync`:
+  draft models, feature heads) is charged a draft step per token, c, what feeding them one
+  at a time costs (a chunk is usually cheaper per token); prompt lookup nothing."""
+  return round(costs.c, 4) if registry.parse_draft(spec)[0].resync is not None else 0.0
 
 
 def skip_hopeless(config, engines, methods, costs, say) -> list:
@@ -274,7 +274,7 @@ def skip_hopeless(config, engines, methods, costs, say) -> list:
     if (
       any(m.draft == spec and m.is_adaptive for m in methods)
       and not AdaptiveConfig.from_costs(
-        c, config.adaptive_gammas, trees, catch_up_cost=catch_up_cost(engines[spec].drafter, c)
+        c, config.adaptive_gammas, trees, catch_up_cost=catch_up_cost(spec, c)
       ).can_pay
     ):
       line += f' ({spec}@adaptive stays off)'
@@ -720,7 +720,7 @@ def decide(plan: Plan, session: Session, known: dict[str, Costs] | None = None) 
       costs[m.draft],
       config.adaptive_gammas,
       trees=() if m.schedule else session.trees_of[m.name],
-      catch_up_cost=catch_up_cost(engines[m.draft].drafter, costs[m.draft]),
+      catch_up_cost=catch_up_cost(m.draft, costs[m.draft]),
       schedule=m.schedule or 'controller',
     )
     for m in methods

@@ -6,7 +6,7 @@ wq/wk/wv/w_gate/w_up, row-split wo/w_down, vocabulary-split embeddings) with the
 batch split over 'data'. A dimension that the mesh axis does not divide is
 replicated instead (SmolLM2 has 9 query and 3 kv heads), so any model runs on any mesh.
 
-The target uses DEFAULT_RULES, a drafter its own (`Drafter.partition_rules`: a draft
+The target uses DEFAULT_RULES, a drafter its kind's (`DraftKind.partition_rules`: a draft
 model the same, a feature head EAGLE_RULES, a block drafter DFLASH_RULES), and KV caches
 CACHE_SPEC over [B, G, S, H].
 A run config adds rules in front of those (config.mesh.rules, config.mesh.draft_rules)
