@@ -77,13 +77,16 @@ def weight_files(directory) -> list[pathlib.Path]:
   d = pathlib.Path(directory)
   if (d / WEIGHTS_FILE).is_file():
     return [d / WEIGHTS_FILE]
-  if not (d / INDEX_FILE).is_file():
-    return []
-  try:
-    shards = sorted(set(json.loads((d / INDEX_FILE).read_text())['weight_map'].values()))
-  except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError):
-    return []
+  shards = _indexed_shards(d) or []
   return [d / f for f in shards] if all((d / f).is_file() for f in shards) else []
+
+
+def _indexed_shards(d: pathlib.Path) -> list[str] | None:
+  """The shard files the directory's index names (None: no readable index)."""
+  try:
+    return sorted(set(json.loads((d / INDEX_FILE).read_text())['weight_map'].values()))
+  except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError):
+    return None
 
 
 def write_weights(directory, tensors: dict, shard_bytes: int = 0) -> None:
@@ -122,11 +125,7 @@ def write_weights(directory, tensors: dict, shard_bytes: int = 0) -> None:
 def missing_shards(directory) -> list[str]:
   """The shards a directory's index names that are not there ([] without an index)."""
   d = pathlib.Path(directory)
-  try:
-    shards = sorted(set(json.loads((d / INDEX_FILE).read_text())['weight_map'].values()))
-  except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError):
-    return []
-  return [f for f in shards if not (d / f).is_file()]
+  return [f for f in _indexed_shards(d) or [] if not (d / f).is_file()]
 
 
 def is_dflash_dir(path) -> bool:
