@@ -32,7 +32,7 @@ def tiny(**overrides) -> tuple[LlamaConfig, dict]:
 
 def logits(cfg: LlamaConfig, params: dict, tokens: np.ndarray = TOKENS) -> np.ndarray:
   cache = KVCache.init(cfg, tokens.shape[0], tokens.shape[1])
-  out, _ = forward(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens), cache, cfg)
+  out, _ = forward(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens), cache, cfg)[:2]
   return np.asarray(out)
 
 
