@@ -254,13 +254,19 @@ REPEAT = contract.DraftKind(
 )
 
 
-def test_a_new_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
-  monkeypatch.setitem(registry.DRAFTS.table, 'repeat', REPEAT)
+def run_new_kinds(tmp_path, monkeypatch, kinds: dict) -> dict:
+  """The tiny default config's run summary with `kinds` registered and drafted at gamma 4."""
+  for name, kind in kinds.items():
+    monkeypatch.setitem(registry.DRAFTS.table, name, kind)
   config = config_lib.load_config('smollm2.py', 'tiny')
-  config.drafts = ('repeat',)
+  config.drafts = tuple(kinds)
   config.adaptive_gammas = ()
   config.measure_costs = False
-  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  return run_lib.main(config, str(tmp_path), verbose=False)
+
+
+def test_a_new_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+  summary = run_new_kinds(tmp_path, monkeypatch, {'repeat': REPEAT})
   assert summary['drafts'] == {'repeat': 'repeat the last token'}
   assert summary['methods']['repeat@4']['greedy_mismatches'] == 0
   assert summary['methods']['repeat@4']['drafted_tokens'] > 0
@@ -312,15 +318,13 @@ LAST_FEATURE = contract.DraftKind(
 
 
 def test_a_new_feature_drafter_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
-  monkeypatch.setitem(registry.DRAFTS.table, 'lastfeature', LAST_FEATURE)
-  config = config_lib.load_config('smollm2.py', 'tiny')
-  config.drafts = ('lastfeature',)
-  config.adaptive_gammas = ()
-  config.measure_costs = False
-  summary = run_lib.main(config, str(tmp_path), verbose=False)
+  summary = run_new_kinds(tmp_path, monkeypatch, {'lastfeature': LAST_FEATURE})
   record = summary['methods']['lastfeature@4']
   assert record['greedy_mismatches'] == 0 and record['drafted_tokens'] > 0
-  assert record['acceptance_rate'] > 0  # its proposals come from the features it was handed
+  # Some proposals are accepted. (That the loop hands a drafter the right positions'
+  # features is proved by test_eagle's and test_dflash's fresh-head equalities: on the
+  # tiny model's repetitive text this toy cannot tell one position from another.)
+  assert record['acceptance_rate'] > 0
 
 
 def test_plots_leave_a_notebooks_matplotlib_backend_alone(tmp_path):
