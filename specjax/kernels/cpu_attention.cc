@@ -36,37 +36,102 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kMinSpan = 64;  // slots per task at least: fewer cost more to merge
+constexpr int64_t kBlock = 64;    // slots per pass over the values: their K and V stay in L1
 
-// scores[j] = q . keys[j] for j < m (keys[j] = k + slots[j] * h).
-void Scores(const float* q, const float* k, const int32_t* slots, int64_t m, int64_t h,
-            float* scores) {
-  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+// Queries per pass and 8-float chunks of a query's values held in registers: 3 x 8
+// accumulators of AVX-512VL's 32 registers, 3 x 4 of AVX2's 16.
+constexpr int kQueries = 3;
+#if defined(__AVX512VL__)
+constexpr int kScoreQueries = 3;  // 3 queries x 8 keys of sums in the scores
+constexpr int kChunks = 8;
+#else
+constexpr int kScoreQueries = 1;
+constexpr int kChunks = 4;
+#endif
+
+// scores[u][j] = q[u] . keys[j] for the eight keys j = j0..j0+7 and Q queries.
+template <int Q>
+inline void Scores8(const float* const* q, const float* k, const int32_t* slots, int64_t h,
+                    float* const* scores, int64_t j0) {
+  __m256 acc[Q][8];
+  for (int u = 0; u < Q; ++u)
+    for (int c = 0; c < 8; ++c) acc[u][c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < h; i += 8) {
+    __m256 qi[Q];
+    for (int u = 0; u < Q; ++u) qi[u] = _mm256_loadu_ps(q[u] + i);
+    for (int c = 0; c < 8; ++c) {
+      const __m256 key = _mm256_loadu_ps(k + slots[j0 + c] * h + i);
+      for (int u = 0; u < Q; ++u) acc[u][c] = _mm256_fmadd_ps(qi[u], key, acc[u][c]);
+    }
+  }
+  for (int u = 0; u < Q; ++u) _mm256_storeu_ps(scores[u] + j0, specjax::Sum8x8(acc[u]));
+}
+
+// acc[u][i0:i0 + 8C] += sum over j in [j0, j1) of w[u][j] * values[j][i0:i0 + 8C], slot
+// by slot in order (one fused multiply-add per slot and lane, as for a lone query), with
+// the Q queries' sums in registers and each value loaded once for all of them.
+template <int Q, int C>
+inline void Weigh(float* const* acc, const float* const* w, const float* v,
+                  const int32_t* slots, int64_t j0, int64_t j1, int64_t h, int64_t i0) {
+  __m256 a[Q][C];
+  for (int u = 0; u < Q; ++u)
+    for (int c = 0; c < C; ++c) a[u][c] = _mm256_loadu_ps(acc[u] + i0 + 8 * c);
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* value = v + slots[j] * h + i0;
+    __m256 wj[Q];
+    for (int u = 0; u < Q; ++u) wj[u] = _mm256_set1_ps(w[u][j]);
+    for (int c = 0; c < C; ++c) {
+      const __m256 x = _mm256_loadu_ps(value + 8 * c);
+      for (int u = 0; u < Q; ++u) a[u][c] = _mm256_fmadd_ps(wj[u], x, a[u][c]);
+    }
+  }
+  for (int u = 0; u < Q; ++u)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc[u] + i0 + 8 * c, a[u][c]);
+}
+
+template <int Q>
+void WeighAll(float* const* acc, const float* const* w, const float* v, const int32_t* slots,
+              int64_t j0, int64_t j1, int64_t h) {
+  int64_t i = 0;
+  for (; i + 8 * kChunks <= h; i += 8 * kChunks) Weigh<Q, kChunks>(acc, w, v, slots, j0, j1, h, i);
+  for (; i < h; i += 8) Weigh<Q, 1>(acc, w, v, slots, j0, j1, h, i);
+}
+#endif
+
+// scores[u][j] = q[u] . keys[j] for the n queries q[u] and j in [j0, m) (keys[j] = k +
+// slots[j] * h). j0 is a multiple of 8: a key's score is an eight-key transposed sum where
+// its block of eight in [0, m) is whole, a lone sum past it, whichever queries share the
+// call, so a query's scores do not depend on the others.
+void Scores(const float* const* q, int64_t n, const float* k, const int32_t* slots, int64_t j0,
+            int64_t m, int64_t h, float* const* scores) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (h % 8 == 0) {
-    for (; j + 8 <= m; j += 8) {  // eight keys at a time: one transposed sum, not eight
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < h; i += 8) {
-        const __m256 qi = _mm256_loadu_ps(q + i);
-        for (int u = 0; u < 8; ++u)
-          acc[u] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k + slots[j + u] * h + i), acc[u]);
+    int64_t j = j0;
+    for (; j + 8 <= m; j += 8) {  // one block of keys in L1 for every query
+      int64_t u = 0;
+      for (; u + kScoreQueries <= n; u += kScoreQueries)
+        Scores8<kScoreQueries>(q + u, k, slots, h, scores + u, j);
+      for (; u < n; ++u) Scores8<1>(q + u, k, slots, h, scores + u, j);
+    }
+    for (; j < m; ++j)
+      for (int64_t u = 0; u < n; ++u) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < h; i += 8)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + i), _mm256_loadu_ps(k + slots[j] * h + i),
+                                acc);
+        scores[u][j] = specjax::Sum8(acc);
       }
-      _mm256_storeu_ps(scores + j, specjax::Sum8x8(acc));
-    }
-    for (; j < m; ++j) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < h; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + slots[j] * h + i), acc);
-      scores[j] = specjax::Sum8(acc);
-    }
+    return;
   }
 #endif
-  for (; j < m; ++j) {
-    const float* key = k + slots[j] * h;
-    float total = 0.f;
-    for (int64_t i = 0; i < h; ++i) total += q[i] * key[i];
-    scores[j] = total;
-  }
+  for (int64_t u = 0; u < n; ++u)
+    for (int64_t j = j0; j < m; ++j) {
+      const float* key = k + slots[j] * h;
+      float total = 0.f;
+      for (int64_t i = 0; i < h; ++i) total += q[u][i] * key[i];
+      scores[u][j] = total;
+    }
 }
 
 // x[j] = exp(x[j]) for x <= 0 (the scores less their maximum); below -87 it is 0 on every
@@ -90,6 +155,28 @@ inline void Axpy(float* acc, float w, const float* v, int64_t h) {
   for (; i < h; ++i) acc[i] += w * v[i];
 }
 
+// acc[u] += sum over j in [j0, j1) of w[u][j] * values[j] for n queries, slot by slot in
+// order: the same sums as one Axpy per query and slot, in blocks of slots whose values stay
+// in L1 while every group of queries reads them.
+void Weigh(float* const* acc, const float* const* w, int64_t n, const float* v,
+           const int32_t* slots, int64_t j0, int64_t j1, int64_t h) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (h % 8 == 0) {
+    for (int64_t b0 = j0; b0 < j1; b0 += kBlock) {
+      const int64_t b1 = std::min(j1, b0 + kBlock);
+      int64_t u = 0;
+      for (; u + kQueries <= n; u += kQueries)
+        WeighAll<kQueries>(acc + u, w + u, v, slots, b0, b1, h);
+      if (n - u == 2) WeighAll<2>(acc + u, w + u, v, slots, b0, b1, h);
+      if (n - u == 1) WeighAll<1>(acc + u, w + u, v, slots, b0, b1, h);
+    }
+    return;
+  }
+#endif
+  for (int64_t u = 0; u < n; ++u)
+    for (int64_t j = j0; j < j1; ++j) Axpy(acc[u], w[u][j], v + slots[j] * h, h);
+}
+
 struct Shape {
   int64_t t, n, g, s, h, r, spans, span;
   float scale;
@@ -98,54 +185,93 @@ struct Shape {
 // One task: (row b, KV head g, slots [s0, s1)) for the T * R queries of that head. Writes
 // per query its span maximum, sum and unnormalised weighted values to part[q] =
 // [max, sum, acc[0:h]] (max = -inf where the query sees none of these slots).
+//
+// The T query rows usually see the same slots but for the last few (a verification's
+// causal mask, a tree's branches): the slots every row sees in the same order (a common
+// prefix of their lists) are scored and weighed for all T * R queries at once, each key and
+// value read once for all; the rest of each row's slots for its R heads together. Each
+// query's arithmetic is what it would be alone.
 void Span(const float* q, const float* k, const float* v, const bool* mask, float* part,
           int64_t b, int64_t g, int64_t s0, int64_t s1, const Shape& d) {
-  const int64_t width = d.h + 2;
+  const int64_t width = d.h + 2, len = s1 - s0, nq = d.t * d.r;
   const float* kh = k + (b * d.g + g) * d.s * d.h;
   const float* vh = v + (b * d.g + g) * d.s * d.h;
   const bool* mb = mask + b * d.t * d.s;
-  std::vector<int32_t> slots;
-  std::vector<float> scores;
-  slots.reserve(s1 - s0);
-  scores.resize(s1 - s0 + 8);
+  // Scratch kept by each thread between calls (a task allocates nothing once warm).
+  thread_local std::vector<int32_t> slots;  // row t's slots at slots[t * len], m[t] of them
+  thread_local std::vector<int64_t> m, live;  // live: the queries still to weigh
+  thread_local std::vector<float> scores;
+  thread_local std::vector<const float*> qs, lw;
+  thread_local std::vector<float*> ws, accs, la;
+  slots.resize(d.t * len);
+  m.resize(d.t);
+  int64_t shared = len;  // how many slots all rows' lists begin with
   for (int64_t t = 0; t < d.t; ++t) {
-    slots.clear();  // the slots query t sees (the same for its R heads)
+    int32_t* row = slots.data() + t * len;
+    int64_t n = 0;
     for (int64_t s = s0; s < s1; ++s)
-      if (mb[t * d.s + s]) slots.push_back(static_cast<int32_t>(s));
-    const int64_t m = static_cast<int64_t>(slots.size());
+      if (mb[t * d.s + s]) row[n++] = static_cast<int32_t>(s);
+    m[t] = n;
+    int64_t same = 0;
+    const int64_t most = std::min(shared, n);
+    while (same < most && row[same] == slots[same]) ++same;
+    shared = same;
+  }
+  scores.resize(nq * (len + 8));
+  qs.resize(nq), ws.resize(nq), accs.resize(nq);
+  for (int64_t t = 0; t < d.t; ++t)
     for (int64_t r = 0; r < d.r; ++r) {
-      float* out = part + (t * d.r + r) * width;
-      float* acc = out + 2;
-      std::fill(acc, acc + d.h, 0.f);
-      if (m == 0) {
-        out[0] = -INFINITY;
-        out[1] = 0.f;
-        continue;
-      }
-      const float* qr = q + ((b * d.t + t) * d.n + g * d.r + r) * d.h;
-      Scores(qr, kh, slots.data(), m, d.h, scores.data());
-      float top = -INFINITY;
-      bool nan = false;
-      for (int64_t j = 0; j < m; ++j) {
-        top = std::max(top, scores[j] *= d.scale);
-        nan |= std::isnan(scores[j]);
-      }
-      if (nan || !std::isfinite(top)) {  // NaN, or an overflowed score: NaN, as in XLA
-        out[0] = 0.f;
-        out[1] = NAN;
-        std::fill(acc, acc + d.h, NAN);
-        continue;
-      }
-      for (int64_t j = 0; j < m; ++j) scores[j] -= top;
-      ExpInPlace(scores.data(), m);
-      float sum = 0.f;
-      for (int64_t j = 0; j < m; ++j) {
-        sum += scores[j];
-        Axpy(acc, scores[j], vh + slots[j] * d.h, d.h);
-      }
-      out[0] = top;
-      out[1] = sum;
+      const int64_t u = t * d.r + r;
+      qs[u] = q + ((b * d.t + t) * d.n + g * d.r + r) * d.h;
+      ws[u] = scores.data() + u * (len + 8);
+      accs[u] = part + u * width + 2;
+      std::fill(accs[u], accs[u] + d.h, 0.f);
     }
+  const int64_t whole = shared / 8 * 8;  // the shared keys in whole blocks of eight
+  Scores(qs.data(), nq, kh, slots.data(), 0, whole, d.h, ws.data());
+  for (int64_t t = 0; t < d.t; ++t)
+    Scores(qs.data() + t * d.r, d.r, kh, slots.data() + t * len, whole, m[t], d.h,
+           ws.data() + t * d.r);
+  // Softmax terms per query; a query that sees no slot, or whose scores hold a NaN or an
+  // overflow, is settled here and weighs nothing.
+  live.clear();
+  for (int64_t u = 0; u < nq; ++u) {
+    float* out = part + u * width;
+    float* score = ws[u];
+    const int64_t mu = m[u / d.r];
+    if (mu == 0) {
+      out[0] = -INFINITY;
+      out[1] = 0.f;
+      continue;
+    }
+    float top = -INFINITY;
+    bool nan = false;
+    for (int64_t j = 0; j < mu; ++j) {
+      top = std::max(top, score[j] *= d.scale);
+      nan |= std::isnan(score[j]);
+    }
+    if (nan || !std::isfinite(top)) {  // NaN, or an overflowed score: NaN, as in XLA
+      out[0] = 0.f;
+      out[1] = NAN;
+      std::fill(accs[u], accs[u] + d.h, NAN);
+      continue;
+    }
+    for (int64_t j = 0; j < mu; ++j) score[j] -= top;
+    ExpInPlace(score, mu);
+    float sum = 0.f;
+    for (int64_t j = 0; j < mu; ++j) sum += score[j];
+    out[0] = top;
+    out[1] = sum;
+    live.push_back(u);
+  }
+  lw.clear(), la.clear();
+  for (int64_t u : live) lw.push_back(ws[u]), la.push_back(accs[u]);
+  Weigh(la.data(), lw.data(), static_cast<int64_t>(live.size()), vh, slots.data(), 0, shared, d.h);
+  for (int64_t t = 0, i = 0; t < d.t; ++t) {  // each row's own slots, its live heads together
+    int64_t n = 0;
+    while (i + n < static_cast<int64_t>(live.size()) && live[i + n] / d.r == t) ++n;
+    Weigh(la.data() + i, lw.data() + i, n, vh, slots.data() + t * len, shared, m[t], d.h);
+    i += n;
   }
 }
 
