@@ -38,6 +38,8 @@ def levels(target, lower: str, k: int = 3):
   upper_cfg, upper = truncated_target(cfg, params, 2)
   if lower == 'ngram':
     low, low_params = NgramDrafter(cfg.vocab_size), None
+  elif lower == 'ngram 3':  # finds nothing for many steps: narrow steps between rounds
+    low, low_params = NgramDrafter(cfg.vocab_size, n_max=3, n_min=3), None
   elif lower == 'one layer':
     low_cfg, low_params = truncated_target(cfg, params, 1)
     low = ModelDrafter(low_cfg)
@@ -49,7 +51,7 @@ def levels(target, lower: str, k: int = 3):
   return drafter, {'upper': upper, 'lower': low_params}
 
 
-LOWERS = ['ngram', 'one layer', 'three levels']
+LOWERS = ['ngram', 'ngram 3', 'one layer', 'three levels']
 
 
 @pytest.mark.parametrize('lower', LOWERS)
@@ -81,6 +83,28 @@ def keep_everything(monkeypatch):
   monkeypatch.setitem(
     registry.VERIFIERS.table, 'keep', verify.Verifier('keep', _keep_everything, None)
   )
+
+
+def test_a_lower_level_that_finds_nothing_leaves_the_upper_models_own_tokens(
+  target, keep_everything
+):
+  """With prompt lookup of 8-grams (nothing matches) every step is a narrow one: the
+  proposals, all kept, are the upper model's greedy text, as its own drafter gives."""
+  cfg, params = target
+  upper_cfg, upper = truncated_target(cfg, params, 2)
+  never = NgramDrafter(cfg.vocab_size, n_max=8, n_min=8)
+  texts = []
+  for drafter, draft_params in [
+    (ml.MultiLevelDrafter(ModelDrafter(upper_cfg), never, k=3), {'upper': upper, 'lower': None}),
+    (ModelDrafter(upper_cfg), upper),
+  ]:
+    engine = Engine(
+      params, cfg, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params
+    )
+    texts.append(engine.generate(PROMPTS, Method.chain(4, 'keep'), max_new_tokens=12).tokens)
+  assert texts[0] == texts[1]
+  reference = Engine(params, cfg, eos_id=-1, cache_size=64).generate(PROMPTS, max_new_tokens=12)
+  assert texts[0] != reference.tokens  # the upper model is not the target: a real check
 
 
 def _proposals(upper, lower, sampling, seed=0):
@@ -170,7 +194,7 @@ def test_the_rounds_formula_equals_a_simulation_of_the_rounds():
   for alpha, k, gamma in [(0.0, 3, 4), (1.0, 3, 4), (1.0, 2, 7), (0.6, 3, 5), (0.9, 7, 8)]:
     rounds = []
     for _ in range(4000):
-      filled, n = 0, 0
+      filled, n = 1, 0  # after the first step's one token
       while filled < gamma:
         kept = 0
         while kept < k and rng.random() < alpha:
@@ -179,9 +203,9 @@ def test_the_rounds_formula_equals_a_simulation_of_the_rounds():
       rounds.append(n)
     got = cost_model.multilevel_rounds(alpha, k, gamma)
     assert abs(got - np.mean(rounds)) < 0.05, (alpha, k, gamma, got, np.mean(rounds))
-  assert cost_model.multilevel_rounds(0.0, 3, 4) == 4
+  assert cost_model.multilevel_rounds(0.0, 3, 4) == 3
   assert (
-    cost_model.multilevel_rounds(1.0, 3, 4) == 1 and cost_model.multilevel_rounds(1.0, 2, 7) == 3
+    cost_model.multilevel_rounds(1.0, 3, 4) == 1 and cost_model.multilevel_rounds(1.0, 2, 7) == 2
   )
-  # A perfect lower level at k = 3: gamma 4 in one round of 5 rows.
-  assert cost_model.multilevel_speedup(1.0, 4, 1.0, 3, 0.4, 1.3) == pytest.approx(5 / 1.7)
+  # A perfect lower level at k = 3: gamma 4 in the first step and one round of 4 rows.
+  assert cost_model.multilevel_speedup(1.0, 4, 1.0, 3, 0.3, 0.4, 1.3) == pytest.approx(5 / 2.0)

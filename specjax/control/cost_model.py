@@ -243,16 +243,17 @@ def break_even_alpha(gamma: int, draft_cost: float, verify_cost: float) -> float
 
 
 def multilevel_rounds(alpha: float, k: int, gamma: int) -> float:
-  """Expected rounds (upper-model forwards of k + 2 rows) a multi-level drafter
-  (specjax/drafters/multilevel.py) runs to draft gamma tokens, when the upper model keeps
-  each of the lower level's k tokens with probability `alpha` until its first rejection
-  (kept j < k with probability alpha^j (1 - alpha), all k with alpha^k) and adds one
-  token of its own each round: between ceil(gamma / (k + 1)) (alpha 1) and gamma (0)."""
+  """Expected rounds (upper-model forwards of k + 1 rows) a multi-level drafter
+  (specjax/drafters/multilevel.py) runs after its first step (one token) to draft gamma
+  tokens, when the lower level always proposes and the upper model keeps each of its k
+  tokens with probability `alpha` until its first rejection (kept j < k with probability
+  alpha^j (1 - alpha), all k with alpha^k), adding one token of its own each round: between
+  ceil((gamma - 1) / (k + 1)) (alpha 1) and gamma - 1 (0)."""
   kept = [alpha**j * (1 - alpha) for j in range(k)] + [alpha**k]
   rounds = np.zeros(gamma + k + 2)  # from `filled` tokens on; 0 once gamma are drafted
-  for filled in range(gamma - 1, -1, -1):
+  for filled in range(gamma - 1, 0, -1):
     rounds[filled] = 1 + sum(p * rounds[filled + j + 1] for j, p in enumerate(kept))
-  return float(rounds[0])
+  return float(rounds[1])
 
 
 def multilevel_speedup(
@@ -260,13 +261,15 @@ def multilevel_speedup(
   gamma: int,
   alpha_lower: float,
   k: int,
+  first_cost: float,
   round_cost: float,
   verify_cost: float,
 ) -> float:
   """Predicted speedup of a multi-level drafter at gamma: the target keeps each drafted
   token with probability `alpha` (as with the upper model alone: the proposals are its
-  exact samples), and drafting costs multilevel_rounds(alpha_lower, k, gamma) rounds of
-  `round_cost` target steps each (the upper model's k + 2-row forward and the lower
+  exact samples), and drafting costs a first step (`first_cost` target steps: the upper
+  model's two-row forward) and multilevel_rounds(alpha_lower, k, gamma) rounds of
+  `round_cost` target steps each (the upper model's k + 1-row forward and the lower
   level's k tokens)."""
-  draft = multilevel_rounds(alpha_lower, k, gamma) * round_cost
+  draft = first_cost + multilevel_rounds(alpha_lower, k, gamma) * round_cost
   return float(speedup(expected_tokens(alpha, gamma), draft, verify_cost))

@@ -4,22 +4,26 @@ ML-SpecQD (Georganas et al. 2025) drafts for a 16-bit target with the target's o
 in 4 bits, and speeds that draft up with a still smaller draft; Cascade drafting (Chen et
 al. 2023) and TriForce (Sun et al. 2024) stack levels the same way. Here the upper level
 is a draft model (`quantized`: the target's GGUF blocks) and the lower level any drafter
-(`ngram` prompt lookup, another model, or a multi-level drafter again). Each round:
+(`ngram` prompt lookup, another model, or a multi-level drafter again). A proposal:
 
-  1. the lower level proposes k tokens after the text so far (context + this proposal's
-     tokens), with its distributions q2 (one-hot for a deterministic lookup);
-  2. the upper model scores [the last two tokens, those k] in one forward of k + 2 rows
-     (its cache holds the text but its last two tokens, as ModelDrafter's does), which
-     gives its distributions q1 at the k + 1 positions after the text;
-  3. rejection sampling of the k tokens against q1 (verify/rejection.py) keeps a prefix
-     and draws the next token: a + 1 new tokens, each an exact sample of q1 given the text
-     before it (greedy: q1's argmax), with that q1 recorded for the target's verifier.
+  1. the upper model's first step feeds the text's last two tokens (its cache holds the
+     text but those, as ModelDrafter's does) and draws one token from its distribution q1;
+     from then on its cache holds the whole text but the last token;
+  2. after each step the lower level proposes k tokens after the text so far (context +
+     this proposal's tokens), with its distributions q2 (one-hot for a deterministic
+     lookup). Where it has some for a row, a round: the upper model scores [the last
+     token, those k] in one forward of k + 1 rows, which gives q1 at the k + 1 positions
+     after the text, and rejection sampling of the k tokens against q1
+     (verify/rejection.py) keeps a prefix and draws the next token: a + 1 new tokens, each
+     an exact sample of q1 given the text before it (greedy: q1's argmax). Where no row has
+     any (a lookup that found nothing), a narrow step instead: the last token alone, one
+     row, one token drawn from q1, as the upper draft alone would;
+  3. every token is recorded with the q1 it was drawn from, for the target's verifier.
 
-Rounds repeat, in one `lax.while_loop` of static shapes, until every row has gamma tokens
-(at most gamma rounds). So the target's verifier sees the same (p, q1) as with the upper
-draft alone, and the output stays exactly the target's whatever the lower level does. A
-round costs one upper forward of k + 2 rows for 1..k+1 tokens, where the upper draft alone
-costs a forward per token.
+Steps repeat, in `lax.while_loop`s of static shapes, until every row has gamma tokens. So
+the target's verifier sees the same (p, q1) as with the upper draft alone, and the output
+stays exactly the target's whatever the lower level does. A round costs one upper forward
+of k + 1 rows for 1..k+1 tokens; a miss costs what a token of the upper draft alone does.
 """
 
 from __future__ import annotations
@@ -83,67 +87,130 @@ class MultiLevelDrafter(Drafter):
     )
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
-    k, b = self.k, state.tokens.shape[0]
-    rows = jnp.arange(b)[:, None]
-    width = gamma + k + 1  # a round past gamma - 1 writes up to k + 1 more
-    base, pos = state.num_generated, state.prompt_lens + state.num_generated
+    k, b, up = self.k, state.tokens.shape[0], self.upper
     upper_state = draft_state.upper
+    run = _Steps(self, params, state, gamma, sampling)
 
-    def view(filled, toks):
-      """The decode state with this proposal's first `filled` tokens emitted."""
-      cols = base[:, None] + jnp.arange(width)
-      tokens = state.tokens.at[rows, cols].set(toks, mode='drop')
-      return state.replace(tokens=tokens, num_generated=base + filled)
+    def until_found(carry):  # narrow steps while no row's lower level proposes anything
+      def empty(c):
+        return ~self.lower.has_proposals(c.lower) & jnp.any(c.filled < gamma)
 
-    def round_(carry):
-      filled, toks, qs, cache, lower, key = carry
-      key, k_lower, k_upper = jax.random.split(key, 3)
-      text = view(filled, toks)
-      drafted, q2, lower = self.lower.propose(params['lower'], lower, text, k_lower, k, sampling)
-      inputs = jnp.concatenate([last_two_tokens(upper_state, text), drafted], axis=1)
-      logits, cache = self.upper.forward(
-        params['upper'], inputs, cache.with_lengths(pos + filled - 2)
-      )
-      q1 = sampling_lib.probabilities(logits[:, 1:], sampling)  # [B, k + 1, V]
-      if q2 is None:  # a deterministic lower level: one-hot
-        q2 = jax.nn.one_hot(drafted, q1.shape[-1], dtype=q1.dtype)
-      kept, nxt = common.run_plan(rejection.rejection_plan(q1, q2, drafted), k_upper)
-      new = jnp.concatenate([drafted, jnp.zeros((b, 1), drafted.dtype)], axis=1)
-      new = new.at[jnp.arange(b), kept].set(nxt.astype(new.dtype))  # drafted[:kept], next
-      live = filled < gamma  # rows already done keep what they have
-      cols = filled[:, None] + jnp.arange(k + 1)
-      write = live[:, None] & (jnp.arange(k + 1)[None] <= kept[:, None])
-      old = jnp.take_along_axis(toks, cols, axis=1)
-      toks = toks.at[rows, cols].set(jnp.where(write, new, old))
-      old_q = jnp.take_along_axis(qs, cols[..., None], axis=1)
-      qs = qs.at[rows, cols].set(jnp.where(write[..., None], q1, old_q))
-      filled = jnp.where(live, filled + kept + 1, filled)
-      lower = self.lower.update(lower, view(filled, toks), TargetOut())
-      return filled, toks, qs, cache, lower, key
+      return jax.lax.while_loop(empty, run.narrow, carry)
 
-    up = self.upper
     cache = up.caught_up(params['upper'], upper_state, state) if up.resync else upper_state.cache
-    vocab = self.upper.vocab_size
-    carry = (
-      jnp.zeros((b,), jnp.int32),
-      jnp.zeros((b, width), jnp.int32),
-      jnp.zeros((b, width, vocab), jnp.float32),
-      cache,
-      draft_state.lower,
-      key,
+    width = gamma + k + 1  # a round past gamma - 1 writes up to k + 1 more
+    carry = _Carry(
+      filled=jnp.zeros((b,), jnp.int32),
+      toks=jnp.zeros((b, width), jnp.int32),
+      qs=jnp.zeros((b, width, self.upper.vocab_size), jnp.float32),
+      cache=cache,
+      lower=draft_state.lower,
+      key=key,
+      proposal=(jnp.zeros((b, k), jnp.int32), None),
     )
-    filled, toks, qs, cache, lower, _ = jax.lax.while_loop(
-      lambda c: jnp.any(c[0] < gamma), round_, carry
+    # The upper cache holds the text but its last two tokens (ModelDrafter's convention):
+    # the first step feeds both and draws one token; from then on it holds all but the
+    # last, and each step feeds that token (and a round the lower level's k after it).
+    carry = until_found(run.first(carry, last_two_tokens(upper_state, state)))
+    carry = jax.lax.while_loop(
+      lambda c: jnp.any(c.filled < gamma), lambda c: until_found(run.wide(c)), carry
     )
-    del filled
-    out = MultiLevelState(upper=upper_state.replace(cache=cache), lower=lower)
-    return toks[:, :gamma], qs[:, :gamma], out
+    out = MultiLevelState(upper=upper_state.replace(cache=carry.cache), lower=carry.lower)
+    return carry.toks[:, :gamma], carry.qs[:, :gamma], out
 
   def update(self, draft_state, state, target=TargetOut()):
     return MultiLevelState(
       upper=self.upper.update(draft_state.upper, state, target),
       lower=self.lower.update(draft_state.lower, state, target),
     )
+
+
+@struct.dataclass
+class _Carry:
+  """A proposal in progress: `filled` tokens of `toks` drawn per row, with the upper
+  model's distributions `qs` they were drawn from; the lower level's state and its latest
+  `proposal` (tokens, distributions or None) after the text so far."""
+
+  filled: jax.Array  # [B]
+  toks: jax.Array  # [B, gamma + k + 1]
+  qs: jax.Array  # [B, gamma + k + 1, V]
+  cache: Any
+  lower: Any
+  key: jax.Array
+  proposal: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Steps:
+  """The steps of MultiLevelDrafter.propose, each one forward of the upper model."""
+
+  drafter: MultiLevelDrafter
+  params: Any
+  state: Any  # the decode state the proposal starts from
+  gamma: int
+  sampling: Any
+
+  def view(self, filled, toks):
+    """The decode state with this proposal's first `filled` tokens emitted."""
+    state, b = self.state, toks.shape[0]
+    cols = state.num_generated[:, None] + jnp.arange(toks.shape[1])
+    tokens = state.tokens.at[jnp.arange(b)[:, None], cols].set(toks, mode='drop')
+    return state.replace(tokens=tokens, num_generated=state.num_generated + filled)
+
+  def step(self, c: _Carry, inputs, drafted=None, q2=None) -> _Carry:
+    """The upper model over `inputs` (the text's last len(inputs) - len(drafted) tokens,
+    then `drafted`, the lower level's k): rejection sampling keeps a prefix of `drafted`
+    and draws the next token (greedy: q1's argmax); without `drafted` the next token is
+    drawn from q1 after the inputs. Then the lower level proposes after the new text."""
+    d, b = self.drafter, c.toks.shape[0]
+    rows = jnp.arange(b)[:, None]
+    key, k_upper, k_lower = jax.random.split(c.key, 3)
+    start = self.state.prompt_lens + self.state.num_generated + c.filled - inputs.shape[1]
+    if drafted is not None:
+      start = start + drafted.shape[1]
+    logits, cache = d.upper.forward(self.params['upper'], inputs, c.cache.with_lengths(start))
+    n = 1 if drafted is None else d.k + 1  # the tokens this step may emit
+    q1 = sampling_lib.probabilities(logits[:, -n:], self.sampling)  # [B, n, V]
+    if drafted is None:
+      kept = jnp.zeros((b,), jnp.int32)
+      new = sampling_lib.sample(logits[:, -1], k_upper, self.sampling)[:, None].astype(jnp.int32)
+    else:
+      if q2 is None:  # a deterministic lower level: one-hot
+        q2 = jax.nn.one_hot(drafted, q1.shape[-1], dtype=q1.dtype)
+      kept, nxt = common.run_plan(rejection.rejection_plan(q1, q2, drafted), k_upper)
+      new = jnp.concatenate([drafted, jnp.zeros((b, 1), drafted.dtype)], axis=1)
+      new = new.at[jnp.arange(b), kept].set(nxt.astype(new.dtype))  # drafted[:kept], next
+    live = c.filled < self.gamma  # rows already done keep what they have
+    cols = c.filled[:, None] + jnp.arange(n)
+    write = live[:, None] & (jnp.arange(n)[None] <= kept[:, None])
+    old = jnp.take_along_axis(c.toks, cols, axis=1)
+    toks = c.toks.at[rows, cols].set(jnp.where(write, new, old))
+    old_q = jnp.take_along_axis(c.qs, cols[..., None], axis=1)
+    qs = c.qs.at[rows, cols].set(jnp.where(write[..., None], q1, old_q))
+    filled = jnp.where(live, c.filled + kept + 1, c.filled)
+    text = self.view(filled, toks)
+    lower = d.lower.update(c.lower, text, TargetOut())
+    drafted, q2, lower = d.lower.propose(
+      self.params['lower'], lower, text, k_lower, d.k, self.sampling
+    )
+    return _Carry(filled, toks, qs, cache, lower, key, (drafted, q2))
+
+  def last(self, c: _Carry) -> jax.Array:
+    """[B, 1]: the text's last token (one this proposal drew: filled >= 1)."""
+    return jnp.take_along_axis(c.toks, jnp.maximum(c.filled - 1, 0)[:, None], axis=1)
+
+  def first(self, c: _Carry, last_two) -> _Carry:
+    """One token from a two-row forward of the text's last two tokens."""
+    return self.step(c, last_two)
+
+  def narrow(self, c: _Carry) -> _Carry:
+    """One token from a one-row forward of the text's last token."""
+    return self.step(c, self.last(c))
+
+  def wide(self, c: _Carry) -> _Carry:
+    """The lower level's k tokens checked in one forward of k + 1 rows."""
+    drafted, q2 = c.proposal
+    return self.step(c, jnp.concatenate([self.last(c), drafted], axis=1), drafted, q2)
 
 
 # ---- the registry's kind: multilevel:UPPER,LOWER[,k=K] ---------------------------------

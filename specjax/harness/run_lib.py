@@ -224,8 +224,8 @@ def tune_kernels(config, engines, methods, trees_of, cache_size: int, say, quick
   }
   for spec in drafted:
     drafter, params, rows = engines[spec].drafter, engines[spec].draft_params, (1, 2)
-    if isinstance(drafter, MultiLevelDrafter):  # the upper model scores k + 2 rows a round
-      drafter, params, rows = drafter.upper, params['upper'], (drafter.k + 2,)
+    if isinstance(drafter, MultiLevelDrafter):  # the upper model's steps and rounds
+      drafter, params, rows = drafter.upper, params['upper'], (1, 2, drafter.k + 1)
     if isinstance(drafter, ModelDrafter) and params is not None:
       found[spec] = costs_lib.tune_forwards(
         params, drafter.cfg, batch, rows, cache_size, repeats, drafter.forward, 'draft'
