@@ -53,7 +53,7 @@ def main(_):
     }
   cpu = provenance.provenance().get('cpu', {})
   print(
-    f'{cpu.get("model")} ({cpu.get("isa_flags")}), draft {FLAGS.draft}, fastest of {FLAGS.rounds}:'
+    f'{cpu.get("cpu")} ({cpu.get("isa_flags")}), draft {FLAGS.draft}, fastest of {FLAGS.rounds}:'
   )
   print(json.dumps(rows))
 
