@@ -5,6 +5,7 @@ target's."""
 
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -105,6 +106,31 @@ def test_a_lower_level_that_finds_nothing_leaves_the_upper_models_own_tokens(
   assert texts[0] == texts[1]
   reference = Engine(params, cfg, eos_id=-1, cache_size=64).generate(PROMPTS, max_new_tokens=12)
   assert texts[0] != reference.tokens  # the upper model is not the target: a real check
+
+
+def test_a_lower_level_that_is_the_upper_model_keeps_every_token(target, monkeypatch):
+  """A lower level that is the upper model itself (greedy) proposes the upper model's own
+  tokens, if its cache holds the text where it belongs: every round keeps all k. A lower
+  cache one slot off (positions shifted) would still give exact output, only slower."""
+  kept = []
+
+  def recording(plan, key):
+    out = common.run_plan(plan, key)
+    jax.debug.callback(lambda n: kept.extend(np.asarray(n).tolist()), out[0])
+    return out
+
+  monkeypatch.setattr(ml, 'common', types.SimpleNamespace(run_plan=recording))
+  cfg, params = target
+  upper_cfg, upper = truncated_target(cfg, params, 2)
+  drafter = ml.MultiLevelDrafter(ModelDrafter(upper_cfg), ModelDrafter(upper_cfg), k=3)
+  engine = Engine(
+    params, cfg, eos_id=-1, cache_size=64, drafter=drafter,
+    draft_params={'upper': upper, 'lower': upper},
+  )  # fmt: skip
+  reference = Engine(params, cfg, eos_id=-1, cache_size=64).generate(PROMPTS[:1], max_new_tokens=24)
+  out = engine.generate(PROMPTS[:1], Method.chain(6, 'greedy'), max_new_tokens=24)
+  assert out.tokens == reference.tokens
+  assert len(kept) >= 4 and np.mean(kept) > 0.9 * 3, kept
 
 
 def _proposals(upper, lower, sampling, seed=0):

@@ -98,13 +98,19 @@ class MultiLevelDrafter(Drafter):
       return jax.lax.while_loop(empty, run.narrow, carry)
 
     cache = up.caught_up(params['upper'], upper_state, state) if up.resync else upper_state.cache
+    # The lower level proposes once on the text as it stands, before the first step adds a
+    # token: a draft model of its own then feeds the text's last two tokens where they
+    # belong (its cache, like the upper's, holds all of the text but those). This proposal
+    # is not checked; the steps' own are.
+    key, k_lower = jax.random.split(key)
+    lower = self.lower.propose(params['lower'], draft_state.lower, state, k_lower, k, sampling)[2]
     width = gamma + k + 1  # a round past gamma - 1 writes up to k + 1 more
     carry = _Carry(
       filled=jnp.zeros((b,), jnp.int32),
       toks=jnp.zeros((b, width), jnp.int32),
       qs=jnp.zeros((b, width, self.upper.vocab_size), jnp.float32),
       cache=cache,
-      lower=draft_state.lower,
+      lower=lower,
       key=key,
       proposal=(jnp.zeros((b, k), jnp.int32), None),
     )

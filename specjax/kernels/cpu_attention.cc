@@ -36,7 +36,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kMinSpan = 64;  // slots per task at least: fewer cost more to merge
-constexpr int64_t kBlock = 64;    // slots per pass over the values: their K and V stay in L1
+constexpr int64_t kBlock = 64;    // slots per pass over the values: they stay in L1
 
 #if defined(__AVX2__) && defined(__FMA__)
 // Queries per pass and 8-float chunks of a query's values held in registers: 3 x 8
