@@ -170,9 +170,8 @@ def timer_propose(
   fn = jax.jit(many, donate_argnums=3)
   # The draft's state and the target's cache are donated, so carried in place.
   detached = state.replace(spec=state.spec.replace(draft=None), cache=None)
-  if tree is not None or not verified:
-    target_params = None  # not read
-  return _timer(fn, (draft_params, target_params, detached, (state.spec.draft, state.cache)), inner)
+  read = target_params if verified and tree is None else None  # the target's weights, if run
+  return _timer(fn, (draft_params, read, detached, (state.spec.draft, state.cache)), inner)
 
 
 def fastest(pieces: Mapping, repeats: int = 5) -> dict:
@@ -289,11 +288,12 @@ def measure_drafts(
   out = {}
   for name, (_, _, gammas, *rest) in drafts.items():
     trees = rest[0] if rest else ()
+    ratio = _in_loop(best, name, gammas)
     out[name] = Costs(
       batch=batch,
       cache_size=cache_size,
       target_ms=step,
-      draft_ms={g: best[name, g] * _in_loop(best, name, gammas) for g in gammas},
+      draft_ms={g: best[name, g] * ratio for g in gammas},
       verify_ms={g: best['verify', g] for g in gammas},
       tree_ms={t.text: (best[name, t.text], best['verify', t.size]) for t in trees},
     )
