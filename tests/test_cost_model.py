@@ -1,10 +1,12 @@
 """The cost model's formulas, and cost measurement on a tiny model."""
 
+import types
+
 import numpy as np
 import pytest
 
 from specjax import testing
-from specjax.bench import costs
+from specjax.bench import costs, metrics
 from specjax.control import cost_model
 from specjax.decode.engine import Engine
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
@@ -138,3 +140,19 @@ def test_rank_acceptance_recovers_the_depth_rank_model():
   assert cost_model.tree_speedup(shape, truth, 0.5, 1.5) == pytest.approx(
     (shape.expected_accepted(truth) + 1) / 2.0
   )
+
+
+def test_predicted_tokens_leave_out_those_cut_at_the_end_of_a_text():
+  c = cost_model.Costs(
+    batch=1, cache_size=64, target_ms=10.0, draft_ms={4: 8.0}, verify_ms={4: 12.0}
+  )
+
+  def predicted(new_tokens):
+    m = types.SimpleNamespace(alpha=0.8, iteration_ms=20.0)
+    # Two iterations that kept all 4 drafts: 10 tokens, after the prefill's one.
+    recs = [{'accepted': [4, 4], 'drafted': [4, 4], 'new_tokens': new_tokens}]
+    metrics.predict(m, recs, c, 4, adaptive=False)
+    return m.predicted_speedup
+
+  assert predicted(11) == pytest.approx(5 / 2.0)  # 5 tokens per 0.8 + 1.2 steps
+  assert predicted(8) == pytest.approx(predicted(11) * 7 / 10)  # 3 cut at max_new / EOS

@@ -68,6 +68,27 @@ def test_every_path_equals_the_product(isa, kind, x_shape, n):
   assert np.abs(got - want).max() <= 4 * np.abs(xla - want).max() + 1e-5
 
 
+@pytest.mark.parametrize(
+  'm,n,k',  # row tiles of 6 (AVX-512) and 3 (AVX2), stretches of 64 / 32 columns and tails
+  [(9, 219, 576), (13, 219, 100), (7, 1536, 576), (2, 576, 1536), (64, 200, 48), (3, 37, 1000)],
+)
+def test_kn_rows_are_summed_alike_on_every_path(m, n, k):
+  """The kn kernel's sums are one FMA chain over k per output: a row's result does not
+  depend on the other rows, nor on the path (so several rows, the one-row path and the
+  scalar build agree bitwise)."""
+  x = jax.random.normal(jax.random.PRNGKey(m + n), (m, k))
+  w = jax.random.normal(jax.random.PRNGKey(k), (k, n))
+  run = jax.jit(lambda x, w, isa: cpu._kernel('kn', isa, x, w), static_argnums=2)
+  want = None
+  for isa in cpu.supported():
+    assert cpu.library(isa) is not None, cpu.status()
+    got = np.asarray(run(x, w, isa))
+    want = got if want is None else want
+    np.testing.assert_array_equal(got, want, err_msg=isa)
+    one = np.concatenate([np.asarray(run(x[i : i + 1], w, isa)) for i in range(m)])
+    np.testing.assert_array_equal(one, want, err_msg=f'{isa}, one row at a time')
+
+
 @pytest.mark.parametrize('isa', PATHS)
 @pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
 @pytest.mark.parametrize('rows', [1, 2, 3, 5, 9])

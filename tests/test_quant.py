@@ -129,6 +129,34 @@ def test_fused_projections_give_the_same_logits(path, tokens, monkeypatch):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('path', ['kernel', 'xla'])
+@pytest.mark.parametrize('tokens', [1, 9])
+def test_fused_float_projections_give_the_same_logits_and_check(path, tokens, monkeypatch):
+  isa = cpu_kernels.supported()[0] if path == 'kernel' else 'xla'
+  monkeypatch.setenv('SPECJAX_CPU_ISA', isa)
+  monkeypatch.setattr(cpu_kernels, '_state', {})
+  params = llama.init_params(CFG, jax.random.PRNGKey(4), scale=0.2)  # a float32 target's
+  fused = CFG.family.fuse(params)
+  assert quant.is_fused(fused) and not quant.is_fused(params)
+  qkv = (CFG.n_heads + 2 * CFG.n_kv_heads) * CFG.head_dim
+  assert fused['layers'][0]['wqkv'].shape == (CFG.d_model, qkv)
+  assert CFG.family.fuse(fused)['layers'][0]['wqkv'] is fused['layers'][0]['wqkv']  # once
+  CFG.family.check_params(CFG, fused)  # an engine's check takes either form
+  cache = llama.init_cache(CFG, 2, 16)
+  ids = jnp.arange(2 * tokens).reshape(2, tokens) % CFG.vocab_size
+  run = jax.jit(lambda p: llama.forward(p, ids, cache, CFG)[:2])
+  (want, want_cache), (got, got_cache) = run(params), run(fused)
+  if path == 'kernel':  # the kn kernel's sums do not depend on the other columns
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.stack(got_cache.v), np.stack(want_cache.v))
+  else:
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  bad = {**fused, 'layers': [dict(layer) for layer in fused['layers']]}
+  bad['layers'][1]['w_gate_up'] = bad['layers'][1]['w_gate_up'][:, :-2]
+  with pytest.raises(ValueError, match=r"'w_gate_up'\] has shape"):
+    CFG.family.check_params(CFG, bad)
+
+
 class _Tiny:
   """A LoadedModel-like tiny target (no GGUF source: the draft rounds to q8_0)."""
 

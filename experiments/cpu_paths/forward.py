@@ -1,6 +1,6 @@
 r"""Forwards of SmolLM2-135M-Instruct on this CPU: the float32 target's one-token step and the
-quantized self-draft (q4_1 layers, q8_0 head, fused q|k|v and gate|up) at 1, 2, 5 and 9
-rows (and, with --target_rows 2,5,9, the target's verifications), timed in interleaved
+quantized self-draft (q4_1 layers, q8_0 head) at 1, 2, 5 and 9 rows, both with q|k|v and
+gate|up fused as an engine holds them (and, with --target_rows 2,5,9, the target's verifications), timed in interleaved
 rounds (the order rotates each round) and reported as medians in ms and as fractions of the
 target step. A quick probe of the kernels' effect on a whole forward (the harness's cost
 measurement takes minutes; this takes about one).
@@ -29,7 +29,9 @@ from specjax.drafters import model as model_drafters
 from specjax.models import quant
 
 flags.DEFINE_integer('rounds', 9, 'Interleaved rounds; medians are reported.')
-flags.DEFINE_bool('unfused', False, 'Time the draft with q, k, v and gate, up unfused too.')
+flags.DEFINE_bool(
+  'unfused', False, 'Time the target and the draft with q, k, v and gate, up unfused too.'
+)
 flags.DEFINE_integer('cache_size', 512, 'KV slots (half full while timed).')
 flags.DEFINE_list('target_rows', [], 'Also time the target at these rows (verifications).')
 FLAGS = flags.FLAGS
@@ -45,10 +47,16 @@ def main(_):
     drafts['q-unfused'] = blocks
   cfg, size = target.cfg, FLAGS.cache_size
   # On the device: numpy weights would be copied into every timed call.
-  params, drafts = jax.device_put(target.params), jax.device_put(drafts)
-  timers = {'target': costs.timer_forward(params, cfg, 1, 1, size)}
-  for rows in map(int, FLAGS.target_rows):
-    timers[f'target{rows}'] = costs.timer_forward(params, cfg, 1, rows, size)
+  # The target as an engine holds it on one device: q|k|v and gate|up joined.
+  targets = {'target': cfg.family.fuse(target.params)}
+  if FLAGS.unfused:
+    targets['target-unfused'] = target.params
+  targets, drafts = jax.device_put(targets), jax.device_put(drafts)
+  timers = {}
+  for name, params in targets.items():
+    timers[name] = costs.timer_forward(params, cfg, 1, 1, size)
+    for rows in map(int, FLAGS.target_rows):
+      timers[f'{name}{rows}'] = costs.timer_forward(params, cfg, 1, rows, size)
   for name, params in drafts.items():
     for rows in (1, 2, 5, 9):
       timers[f'{name}{rows}'] = costs.timer_forward(params, cfg, 1, rows, size)

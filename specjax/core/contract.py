@@ -90,6 +90,9 @@ class Family:
   init_cache: Callable[..., Any]
   check_params: Callable[..., Any]
   move_slots: Callable[..., Any]
+  # params -> the same weights joined for faster products on one device (the Llama family:
+  # q|k|v and gate|up, models/quant.fuse); an engine without a mesh applies it once.
+  fuse: Callable[[Any], Any] = lambda params: params
 
 
 class TargetOut(NamedTuple):

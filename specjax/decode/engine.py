@@ -144,6 +144,8 @@ class Engine:
     if cache_size > cfg.max_seq_len:
       raise ValueError(f'cache_size {cache_size} exceeds the model context {cfg.max_seq_len}')
     cfg.family.check_params(cfg, params)
+    if mesh is None:  # one device: joined weights, one product where there were three
+      params = cfg.family.fuse(params)
     self.cfg, self.eos_id, self.cache_size, self.mesh, self.pad_id = (
       cfg,
       eos_id,

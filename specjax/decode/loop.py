@@ -60,12 +60,15 @@ def _verify(logits, draft, q, key, *, method: Method, sampling, max_gamma: int):
   drafted [B], untrusted [B]: whether a draft position's q was not to be trusted).
   """
   gamma = draft.shape[1]
-  p = sampling_lib.probabilities(logits, sampling)
+  # The greedy verifier reads only the argmax, which the logits give as the one-hot p would:
+  # one pass over [B, K+1, V] instead of two.
+  greedy = method.verifier == 'greedy'
+  p = logits if greedy else sampling_lib.probabilities(logits, sampling)
   # A deterministic drafter's q is one-hot: built here, only when a draft is verified.
   dists = jax.nn.one_hot(draft, p.shape[-1], dtype=p.dtype) if q is None else q
   accepted, nxt = registry.VERIFIERS.get(method.verifier).verify(p, dists, draft, key)
   untrusted = None
-  if q is not None and method.verifier != 'greedy':
+  if q is not None and not greedy:
     untrusted = jnp.any(verify_common.untrusted(q, draft), -1)
   offsets = jnp.arange(gamma + 1)
   new_tokens = jnp.where(
@@ -228,7 +231,8 @@ def _tree(params, state, draft, draft_state, key, spec: LoopSpec, counted=True) 
   at = contract.At(start[:, None] + depth, slots, mask)
   out = model.forward(target, tokens, state.cache, cfg, capture=capture, at=at)
   logits, cache = out.logits, out.cache
-  p = sampling_lib.probabilities(logits, sampling)
+  # Greedy trees read only the argmax: the logits' is the one-hot p's.
+  p = logits if sampling.greedy else sampling_lib.probabilities(logits, sampling)
   path, accepted, nxt = tree_verify.verify_tree(
     p, draft.q, draft, key, greedy=sampling.greedy, max_depth=method.depth, anc=anc, depth=depth
   )

@@ -101,7 +101,7 @@ def build_engines(
     params = (
       sharding_lib.shard_params(model.params, mesh, rules)
       if mesh is not None
-      else jax.device_put(model.params)
+      else jax.device_put(model.cfg.family.fuse(model.params))  # once for every engine
     )
   engines = {}
   for spec in wanted:

@@ -175,18 +175,138 @@ inline Vec VAdd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 
 constexpr int64_t kKnPartRows = 64;  // at least this many rows of w per part
 constexpr int64_t kKnMaxParts = 8;
+// Rows of x from which KnPart keeps its sums in registers (KnPartRows); fewer go the
+// one-row way (at 2 rows the two were within 15% of each other, either way, on the Xeon
+// of BENCHMARKS.md; from 3 rows the tiles ran 1.2-1.9x faster). SPECJAX_KN_TILE_ROWS sets
+// it at build time for experiments.
+#ifndef SPECJAX_KN_TILE_ROWS
+#define SPECJAX_KN_TILE_ROWS 3
+#endif
+constexpr int64_t kKnMinTileRows = SPECJAX_KN_TILE_ROWS;
 
 int64_t KnParts(int64_t k_dim) {
   return std::clamp<int64_t>(k_dim / kKnPartRows, 1, kKnMaxParts);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Several rows of x: each output stays in a register for the whole part. A tile is up to
+// kKnTileRows rows of x by kKnWide vectors of columns; it walks the part's rows of w down
+// one column stretch and stores its sums once. The one-row path below loads and stores
+// every partial sum once per eight rows of w instead: at 5-9 rows of x those sums outgrow
+// L1, and that traffic, not the weights, set its speed (14-19 GB/s against 32-52 for one
+// row on the Xeon of BENCHMARKS.md). A stretch is four vectors, 256 (AVX-512) or 128
+// (AVX2) bytes of each row of w, whose rows lie a stride apart, so the next stretch is
+// prefetched while this one is summed; with two vectors the AVX2 path ran up to 1.6x
+// slower at N = 1536-3072. Every sum is the same chain of FMAs over k in order as the
+// one-row path's: the results are bitwise the same. The defines are for experiments.
+#ifndef SPECJAX_KN_JB
+#define SPECJAX_KN_JB 4
+#endif
+constexpr int kKnWide = SPECJAX_KN_JB;
+#if defined(SPECJAX_KN_MB)
+constexpr int kKnTileRows = SPECJAX_KN_MB;
+#elif defined(__AVX512F__)
+constexpr int kKnTileRows = 6;  // 24 accumulators + 4 weights of 32 registers
+#else
+constexpr int kKnTileRows = 3;  // 12 accumulators + 4 weights of 16 registers
+#endif
+#if defined(__AVX512F__)
+static_assert(kKnTileRows >= 1 && kKnTileRows <= 12, "KnTiles instantiates 1-12 rows");
+#else
+static_assert(kKnTileRows >= 1 && kKnTileRows <= 6, "KnTiles instantiates 1-6 rows");
+#endif
+
+template <int MB, int JB>
+inline void KnTile(const float* x, const float* w, float* part, int64_t k_dim, int64_t n_dim,
+                   int64_t k0, int64_t k1, int64_t m0, int64_t j, const float* next) {
+  Vec acc[MB][JB];
+  for (int i = 0; i < MB; ++i)
+    for (int b = 0; b < JB; ++b) acc[i][b] = VZero();
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* wk = w + k * n_dim + j;
+    if (next != nullptr)
+      for (int b = 0; b < JB * kLanes; b += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(next + k * n_dim + b), _MM_HINT_T0);
+    Vec v[JB];
+    for (int b = 0; b < JB; ++b) v[b] = VLoad(wk + b * kLanes);
+    for (int i = 0; i < MB; ++i) {
+      const Vec xv = VSplat(x[(m0 + i) * k_dim + k]);
+      for (int b = 0; b < JB; ++b) acc[i][b] = VFma(xv, v[b], acc[i][b]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int b = 0; b < JB; ++b) VStore(part + (m0 + i) * n_dim + j + b * kLanes, acc[i][b]);
+}
+
+// Rows [m0, m0 + rows) of x, rows <= kKnTileRows, against the columns [j, j + JB * kLanes).
+template <int JB>
+void KnTiles(const float* x, const float* w, float* part, int64_t k_dim, int64_t n_dim,
+             int64_t k0, int64_t k1, int64_t m0, int64_t rows, int64_t j, const float* next) {
+  switch (rows) {
+#define SPECJAX_KN_TILE(R) \
+  case R:                  \
+    return KnTile<R, JB>(x, w, part, k_dim, n_dim, k0, k1, m0, j, next);
+    SPECJAX_KN_TILE(1)
+    SPECJAX_KN_TILE(2)
+    SPECJAX_KN_TILE(3)
+    SPECJAX_KN_TILE(4)
+    SPECJAX_KN_TILE(5)
+    SPECJAX_KN_TILE(6)
+#if defined(__AVX512F__)
+    SPECJAX_KN_TILE(7)
+    SPECJAX_KN_TILE(8)
+    SPECJAX_KN_TILE(9)
+    SPECJAX_KN_TILE(10)
+    SPECJAX_KN_TILE(11)
+    SPECJAX_KN_TILE(12)
+#endif
+#undef SPECJAX_KN_TILE
+  }
+}
+
+// The columns [0, vec_n) of a part, for every row of x.
+void KnPartRows(const float* x, const float* w, float* part, int64_t m_rows, int64_t k_dim,
+                int64_t n_dim, int64_t k0, int64_t k1, int64_t vec_n) {
+  constexpr int64_t kWide = kKnWide * kLanes;
+  const int64_t wide_n = vec_n / kWide * kWide;
+  for (int64_t j = 0; j < vec_n;) {
+    const bool wide = j < wide_n;
+    const int64_t step = wide ? kWide : kLanes;
+    // Prefetch the next stretch on the first pass over rows of x; later passes find this
+    // one in L1 (its k1 - k0 rows of 64 or 128 bytes).
+    const float* next = j + step < vec_n ? w + j + step : nullptr;
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kKnTileRows) {
+      const int64_t rows = std::min<int64_t>(kKnTileRows, m_rows - m0);
+      if (wide)
+        KnTiles<kKnWide>(x, w, part, k_dim, n_dim, k0, k1, m0, rows, j, m0 == 0 ? next : nullptr);
+      else
+        KnTiles<1>(x, w, part, k_dim, n_dim, k0, k1, m0, rows, j, m0 == 0 ? next : nullptr);
+    }
+    j += step;
+  }
+}
+#endif
+
 // part[m, :] = sum over k in [k0, k1) of x[m, k] * w[k, :].
 void KnPart(const float* x, const float* w, float* part, int64_t m_rows, int64_t k_dim,
             int64_t n_dim, int64_t k0, int64_t k1) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const int64_t vec_n = n_dim / kLanes * kLanes;
+  if (m_rows >= kKnMinTileRows && vec_n > 0) {
+    KnPartRows(x, w, part, m_rows, k_dim, n_dim, k0, k1, vec_n);
+    for (int64_t j = vec_n; j < n_dim; ++j)  // the columns past the last full vector
+      for (int64_t m = 0; m < m_rows; ++m) {
+        float acc = 0.f;
+        for (int64_t k = k0; k < k1; ++k)
+          acc = __builtin_fmaf(x[m * k_dim + k], w[k * n_dim + j], acc);
+        part[m * n_dim + j] = acc;
+      }
+    return;
+  }
+#endif
   std::fill(part, part + m_rows * n_dim, 0.f);
   int64_t k = k0;
 #if defined(__AVX2__) && defined(__FMA__)
-  const int64_t vec_n = n_dim / kLanes * kLanes;
   for (; k + 8 <= k1; k += 8) {  // eight rows of w per pass over the partial sums
     const float* w0 = w + k * n_dim;
     for (int64_t j = 0; j < vec_n; j += kLanes) {

@@ -216,6 +216,8 @@ def check_params(cfg: LlamaConfig, params: Params, source: str = 'params') -> No
   if len(params['layers']) != cfg.n_layers:
     raise ValueError(f'{source}: {len(params["layers"])} layers, config says {cfg.n_layers}')
   flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=quant.is_block)[0]
+  layers = [_as_fused(w, p) for w, p in zip(expected['layers'], params['layers'])]
+  expected = {**expected, 'layers': layers}
   want = dict(
     jax.tree_util.tree_flatten_with_path(expected, is_leaf=lambda x: isinstance(x, tuple))[0]
   )
@@ -227,6 +229,17 @@ def check_params(cfg: LlamaConfig, params: Params, source: str = 'params') -> No
         f'{source}: parameter {jax.tree_util.keystr(path)} has shape '
         f'{tuple(leaf.shape)}, expected {tuple(want[path])}'
       )
+
+
+def _as_fused(shapes: dict, layer: dict) -> dict:
+  """A layer's expected shapes with the weights `layer` holds fused (models/quant.fuse)
+  joined as it joins them: [in, sum of outs]."""
+  shapes = dict(shapes)
+  for key, parts in quant.FUSED.items():
+    if key in layer and all(p in shapes for p in parts):
+      outs = [shapes.pop(p) for p in parts]
+      shapes[key] = (outs[0][0], sum(s[1] for s in outs))
+  return shapes
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
@@ -509,4 +522,5 @@ FAMILY = contract.Family(
   init_cache=init_cache,
   check_params=check_params,
   move_slots=move_slots,
+  fuse=quant.fuse,
 )

@@ -192,29 +192,43 @@ FUSED = {'wqkv': ('wq', 'wk', 'wv'), 'w_gate_up': ('w_gate', 'w_up')}
 
 
 def fuse(params: dict) -> dict:
-  """The tree with each layer's q, k, v blocks as one `wqkv` (and gate, up as `w_gate_up`):
-  their rows stacked, so one kernel call computes what three (two) did, exactly (each
-  output row is the same dot product). In a one-row draft step a call's hand-off costs
-  about as much as a small product, and a wider product splits better over threads.
-  Layers whose parts are not BlockWeights of one format are left as they are. The Llama
-  layer (models/llama.py) takes either form; `check_params` describes the unfused tree
-  (a target's), so a fused one is for drafts only."""
+  """The tree with each layer's q, k, v weights as one `wqkv` (and gate, up as `w_gate_up`),
+  so one product computes what three (two) did. Block weights (a quantized draft's) have
+  their rows stacked; float matrices [in, out] (a target's) their columns joined. Each
+  output is the same dot product either way: the kernels' sums do not depend on the other
+  columns (kernels/cpu_linear.cc), so on their paths the results are bitwise the same.
+
+  Why: in a one-row draft step a call's hand-off costs about as much as a small product,
+  and a wider product splits better over threads; the float32 k and v products (N = 192)
+  ran at half the bandwidth of the wider ones. Layers whose parts differ in kind, format
+  or dtype are left as they are. The Llama layer (models/llama.py) and `check_params`
+  take either form."""
+
+  def joined(ws):
+    if all(is_block(w) and w.transposed for w in ws) and len({w.fmt for w in ws}) == 1:
+      stack = lambda name: np.concatenate([np.asarray(getattr(w, name)) for w in ws])
+      return BlockWeight(qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, transposed=True)
+    plain = all(w is not None and not is_block(w) and np.ndim(w) == 2 for w in ws)
+    if plain and len({(w.shape[0], np.dtype(w.dtype)) for w in ws}) == 1:
+      return np.concatenate([np.asarray(w) for w in ws], axis=1)
+    return None
 
   def fuse_layer(layer: dict) -> dict:
     out = dict(layer)
     for key, parts in FUSED.items():
-      ws = [layer.get(p) for p in parts]
-      if not all(is_block(w) and w.transposed for w in ws) or len({w.fmt for w in ws}) != 1:
-        continue
-      stack = lambda name, ws=ws: np.concatenate([np.asarray(getattr(w, name)) for w in ws])
-      out[key] = BlockWeight(
-        qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, transposed=True
-      )
-      for p in parts:
-        del out[p]
+      w = joined([layer.get(p) for p in parts])
+      if w is not None:
+        out[key] = w
+        for p in parts:
+          del out[p]
     return out
 
   return {**params, 'layers': [fuse_layer(layer) for layer in params['layers']]}
+
+
+def is_fused(params: dict) -> bool:
+  """Whether `fuse` has joined any layer's weights."""
+  return any(key in layer for layer in params.get('layers', ()) for key in FUSED)
 
 
 def nbytes(params) -> int:
