@@ -140,6 +140,7 @@ def test_fused_float_projections_give_the_same_logits_and_check(path, tokens, mo
   assert quant.is_fused(fused) and not quant.is_fused(params)
   qkv = (CFG.n_heads + 2 * CFG.n_kv_heads) * CFG.head_dim
   assert fused['layers'][0]['wqkv'].shape == (CFG.d_model, qkv)
+  assert 'w_gate' in fused['layers'][0] and 'w_gate_up' not in fused['layers'][0]
   assert CFG.family.fuse(fused)['layers'][0]['wqkv'] is fused['layers'][0]['wqkv']  # once
   CFG.family.check_params(CFG, fused)  # an engine's check takes either form
   cache = llama.init_cache(CFG, 2, 16)
@@ -152,8 +153,8 @@ def test_fused_float_projections_give_the_same_logits_and_check(path, tokens, mo
   else:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   bad = {**fused, 'layers': [dict(layer) for layer in fused['layers']]}
-  bad['layers'][1]['w_gate_up'] = bad['layers'][1]['w_gate_up'][:, :-2]
-  with pytest.raises(ValueError, match=r"'w_gate_up'\] has shape"):
+  bad['layers'][1]['wqkv'] = bad['layers'][1]['wqkv'][:, :-2]
+  with pytest.raises(ValueError, match=r"'wqkv'\] has shape"):
     CFG.family.check_params(CFG, bad)
 
 

@@ -1,9 +1,9 @@
 r"""Forwards of SmolLM2-135M-Instruct on this CPU: the float32 target's one-token step and the
-quantized self-draft (q4_1 layers, q8_0 head) at 1, 2, 5 and 9 rows, both with q|k|v and
-gate|up fused as an engine holds them (and, with --target_rows 2,5,9, the target's verifications), timed in interleaved
-rounds (the order rotates each round) and reported as medians in ms and as fractions of the
-target step. A quick probe of the kernels' effect on a whole forward (the harness's cost
-measurement takes minutes; this takes about one).
+quantized self-draft (q4_1 layers, q8_0 head) at 1, 2, 5 and 9 rows, each fused as an
+engine holds it (models/quant.fuse), and with --target_rows 2,5,9 the target's
+verifications, timed in interleaved rounds (the order rotates each round) and reported as
+medians in ms and as fractions of the target step. A quick probe of the kernels' effect on
+a whole forward (the harness's cost measurement takes minutes; this takes about one).
 
   python experiments/cpu_paths/forward.py [--rounds 9] [--unfused]
   SPECJAX_CPU_ISA=auto:avx2 python experiments/cpu_paths/forward.py   # the AVX2 build

@@ -8,19 +8,20 @@
 // A decode step or a verification has 1-9 queries per row: XLA's batched matmul for so few
 // rows re-reads and reshapes the cache, at 4-5x its bytes, and attention was about a third
 // of the quantized draft's step at 512 slots (BENCHMARKS.md, issue 27). Here each key and
-// each value is read once for all T * R queries that share its KV head. The slots are split
-// into spans, one task per (row, KV head, span), so that two threads share one row's three
-// KV heads evenly; each span keeps its own maximum, sum and weighted values, merged at the
-// end as split softmaxes are (the maximum shifts each span's terms by exp(m_span - m)).
+// each value is read once for all T * R queries that share its KV head. The slots up to
+// the last one any query sees are split into spans of kSpan, one task per (row, KV head,
+// span), so that two threads share one row's three KV heads evenly; each span keeps its own
+// maximum, sum and weighted values, merged at the end as split softmaxes are (the maximum
+// shifts each span's terms by exp(m_span - m)).
 // Slots no query sees are skipped. A query that sees no slot gets the mean of every value,
 // as XLA's softmax of equal (-1e30) scores gives. A NaN in a query, or in a key or value
 // it sees, makes its attention NaN, as in XLA (which also spreads a NaN in a slot no query
 // sees, through its zero weight: here such a slot is never read); so does a score that
 // overflowed to +-inf (XLA gives NaN for +inf, the unseen slots' mean for all -inf).
 //
-// The arithmetic of one query does not depend on the other queries or on T (the spans
-// depend only on B, G, S and the thread count): a one-row step and a five-row verification
-// give bitwise-equal attention for the same query and cache.
+// The arithmetic of one query does not depend on the other queries or on T (spans have
+// fixed bounds; one that a query does not reach merges as nothing): a one-row step and a
+// five-row verification give bitwise-equal attention for the same query and cache.
 
 #include <algorithm>
 #include <cmath>
@@ -35,7 +36,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMinSpan = 64;  // slots per task at least: fewer cost more to merge
+#ifndef SPECJAX_ATTENTION_SPAN
+#define SPECJAX_ATTENTION_SPAN 128
+#endif
+// Slots per task: at 512 slots half full, 128 ran 1-9 queries 3-12% faster than 64 or 256
+// on the Xeon of BENCHMARKS.md (SPECJAX_ATTENTION_SPAN sets it at build time).
+constexpr int64_t kSpan = SPECJAX_ATTENTION_SPAN;
 constexpr int64_t kBlock = 64;    // slots per pass over the values: they stay in L1
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -289,18 +295,27 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
     return ffi::Error::InvalidArgument("specjax attention: shapes disagree");
   d.r = d.n / d.g;
   if (b_dim == 0 || d.t == 0 || d.n == 0) return ffi::Error::Success();
-  // Enough spans that every thread has work (two per thread where the slots allow).
+  // Spans of kSpan slots, up to the last slot any query sees: a cache fills from slot 0, so
+  // spans over all S slots left the tasks past its length empty and the threads uneven
+  // (at 512 slots half full, 3 KV heads in 2 spans each: 3 tasks with all the work). The
+  // spans' bounds do not depend on the queries, and spans no query of a call reaches
+  // merge as nothing: a query's result is bitwise the same in any call.
   const int64_t heads = b_dim * d.g;
-  const int64_t want = (2 * specjax::SpinPool::Get().threads() + heads - 1) / heads;
-  d.spans = std::max<int64_t>(1, std::min<int64_t>(want, d.s / kMinSpan));
-  d.span = std::max<int64_t>(1, (d.s + d.spans - 1) / d.spans);
-  d.spans = std::max<int64_t>(1, (d.s + d.span - 1) / d.span);  // no span starts past S
+  const bool* mp = mask.typed_data();
+  int64_t seen = 0;  // one past the last slot any query sees
+  for (int64_t i = 0; i < b_dim * d.t; ++i)
+    for (int64_t s = d.s - 1; s >= seen; --s)
+      if (mp[i * d.s + s]) {
+        seen = s + 1;
+        break;
+      }
+  d.span = kSpan;
+  d.spans = std::max<int64_t>(1, (seen + kSpan - 1) / kSpan);
   const int64_t rows = d.t * d.r, width = d.h + 2;
   std::vector<float> parts(heads * d.spans * rows * width);
   const float* qp = q.typed_data();
   const float* kp = k.typed_data();
   const float* vp = v.typed_data();
-  const bool* mp = mask.typed_data();
   float* op = out->typed_data();
   float* pp = parts.data();
   specjax::SpinPool::Get().Run(heads * d.spans, [=, &d](int64_t task) {

@@ -189,34 +189,38 @@ def quantize_params(params: dict, keep: dict | None = None) -> dict:
 
 # Products of one layer that read the same input, and the key of their fused weight.
 FUSED = {'wqkv': ('wq', 'wk', 'wv'), 'w_gate_up': ('w_gate', 'w_up')}
+FUSED_FLOAT = ('wqkv',)  # of those, what `fuse` joins for float matrices too
 
 
 def fuse(params: dict) -> dict:
-  """The tree with each layer's q, k, v weights as one `wqkv` (and gate, up as `w_gate_up`),
-  so one product computes what three (two) did. Block weights (a quantized draft's) have
-  their rows stacked; float matrices [in, out] (a target's) their columns joined. Each
-  output is the same dot product either way: the kernels' sums do not depend on the other
-  columns (kernels/cpu_linear.cc), so on their paths the results are bitwise the same.
+  """The tree with each layer's q, k, v weights as one `wqkv` (and, for block weights,
+  gate, up as `w_gate_up`), so one product computes what three (two) did. Block weights (a
+  quantized draft's) have their rows stacked; float matrices [in, out] (a target's) their
+  columns joined. Each output is the same dot product either way: the kernels' sums do
+  not depend on the other columns (kernels/cpu_linear.cc), so on their paths the results
+  are bitwise the same.
 
   Why: in a one-row draft step a call's hand-off costs about as much as a small product,
   and a wider product splits better over threads; the float32 k and v products (N = 192)
-  ran at half the bandwidth of the wider ones. Layers whose parts differ in kind, format
-  or dtype are left as they are. The Llama layer (models/llama.py) and `check_params`
-  take either form."""
+  ran at half the bandwidth of the wider ones. A float32 gate|up made whole 5- and 9-row
+  target forwards slower on the Xeon of BENCHMARKS.md (by 1.5-2.9 ms on the AVX2 path,
+  up to 1 ms on AVX-512), so float gate and up stay apart. Layers whose parts differ in
+  kind, format or dtype are left as they are. The Llama layer (models/llama.py) and
+  `check_params` take either form."""
 
-  def joined(ws):
+  def joined(key, ws):
     if all(is_block(w) and w.transposed for w in ws) and len({w.fmt for w in ws}) == 1:
       stack = lambda name: np.concatenate([np.asarray(getattr(w, name)) for w in ws])
       return BlockWeight(qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, transposed=True)
     plain = all(w is not None and not is_block(w) and np.ndim(w) == 2 for w in ws)
-    if plain and len({(w.shape[0], np.dtype(w.dtype)) for w in ws}) == 1:
+    if plain and key in FUSED_FLOAT and len({(w.shape[0], np.dtype(w.dtype)) for w in ws}) == 1:
       return np.concatenate([np.asarray(w) for w in ws], axis=1)
     return None
 
   def fuse_layer(layer: dict) -> dict:
     out = dict(layer)
     for key, parts in FUSED.items():
-      w = joined([layer.get(p) for p in parts])
+      w = joined(key, [layer.get(p) for p in parts])
       if w is not None:
         out[key] = w
         for p in parts:
