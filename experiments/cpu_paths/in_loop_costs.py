@@ -34,7 +34,9 @@ def main(_):
   kind, settings = registry.parse_draft(FLAGS.draft)
   drafter, dparams = kind.build(settings, target, config.dtype)
   cfg, size = target.cfg, FLAGS.cache_size
-  params, dparams = jax.device_put(target.params), jax.device_put(dparams)
+  # The target as an engine holds it on one device (q|k|v joined).
+  params = jax.device_put(target.cfg.family.fuse(target.params))
+  dparams = jax.device_put(dparams)
   pieces = {}
   for g in map(int, FLAGS.gammas):
     pieces['verify', g] = costs.timer_forward(params, cfg, 1, g + 1, size)
