@@ -91,7 +91,7 @@ class Family:
   check_params: Callable[..., Any]
   move_slots: Callable[..., Any]
   # params -> the same weights joined for faster products on one device (the Llama family:
-  # q|k|v and gate|up, models/quant.fuse); an engine without a mesh applies it once.
+  # models/quant.fuse); an engine without a mesh applies it once.
   fuse: Callable[[Any], Any] = lambda params: params
 
 
