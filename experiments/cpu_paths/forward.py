@@ -47,7 +47,7 @@ def main(_):
     drafts['q-unfused'] = blocks
   cfg, size = target.cfg, FLAGS.cache_size
   # On the device: numpy weights would be copied into every timed call.
-  # The target as an engine holds it on one device: q|k|v and gate|up joined.
+  # The target as an engine holds it on one device (models/quant.fuse: q|k|v joined).
   targets = {'target': cfg.family.fuse(target.params)}
   if FLAGS.unfused:
     targets['target-unfused'] = target.params

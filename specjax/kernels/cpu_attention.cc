@@ -10,7 +10,7 @@
 // of the quantized draft's step at 512 slots (BENCHMARKS.md, issue 27). Here each key and
 // each value is read once for all T * R queries that share its KV head. The slots up to
 // the last one any query sees are split into spans of kSpan, one task per (row, KV head,
-// span), so that two threads share one row's three KV heads evenly; each span keeps its own
+// span), so that the threads share a row's KV heads evenly; each span keeps its own
 // maximum, sum and weighted values, merged at the end as split softmaxes are (the maximum
 // shifts each span's terms by exp(m_span - m)).
 // Slots no query sees are skipped. A query that sees no slot gets the mean of every value,

@@ -208,7 +208,7 @@ constexpr int kKnTileRows = SPECJAX_KN_MB;
 #elif defined(__AVX512F__)
 constexpr int kKnTileRows = 6;  // 24 accumulators + 4 weights of 32 registers
 #else
-constexpr int kKnTileRows = 3;  // 12 accumulators + 4 weights of 16 registers
+constexpr int kKnTileRows = 3;  // 12 accumulators + 4 weights of 16 (FMAs take x from memory)
 #endif
 #if defined(__AVX512F__)
 static_assert(kKnTileRows >= 1 && kKnTileRows <= 12, "KnTiles instantiates 1-12 rows");
@@ -273,7 +273,7 @@ void KnPartRows(const float* x, const float* w, float* part, int64_t m_rows, int
     const bool wide = j < wide_n;
     const int64_t step = wide ? kWide : kLanes;
     // Prefetch the next stretch on the first pass over rows of x; later passes find this
-    // one in L1 (its k1 - k0 rows of 64 or 128 bytes).
+    // one in L1 or L2 (its k1 - k0 rows of 128 or 256 bytes).
     const float* next = j + step < vec_n ? w + j + step : nullptr;
     for (int64_t m0 = 0; m0 < m_rows; m0 += kKnTileRows) {
       const int64_t rows = std::min<int64_t>(kKnTileRows, m_rows - m0);
