@@ -89,20 +89,46 @@ def test_kn_rows_are_summed_alike_on_every_path(m, n, k):
     np.testing.assert_array_equal(one, want, err_msg=f'{isa}, one row at a time')
 
 
+def _block_weight(fmt, w):
+  if fmt == 'q8_0':
+    return quant.quantize_q8_0(w, transposed=False)
+  data = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1)
+  return quant.from_gguf(data, fmt, w.shape[1], False)
+
+
 @pytest.mark.parametrize('isa', PATHS)
 @pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
 @pytest.mark.parametrize('rows', [1, 2, 3, 5, 9])
-def test_every_block_path_is_the_product_with_rounded_activations(isa, fmt, rows):
+@pytest.mark.parametrize('k', [96, 1120])  # 3 blocks a row; 35: four runs of eight, a pair, one
+def test_every_block_path_is_the_product_with_rounded_activations(isa, fmt, rows, k):
   assert cpu.library(isa) is not None, cpu.status()
   rng = np.random.default_rng(rows)
-  w = rng.normal(size=(38, 96)).astype(np.float32)  # 38 rows: tiles and a tail
-  if fmt == 'q8_0':
-    bw = quant.quantize_q8_0(w, transposed=False)
-  else:
-    bw = quant.from_gguf(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1), fmt, 96, False)
-  x = jnp.asarray(rng.normal(size=(rows, 96)).astype(np.float32))
+  bw = _block_weight(fmt, rng.normal(size=(38, k)).astype(np.float32))  # 38 rows: tiles, a tail
+  x = jnp.asarray(rng.normal(size=(rows, k)).astype(np.float32))
   got = np.asarray(jax.jit(lambda x, *w: cpu._call(fmt, isa, x, *w))(x, bw.qs, bw.d, bw.m))
   np.testing.assert_allclose(got, blocks_reference(x, bw), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
+@pytest.mark.parametrize('k', [256, 1056, 1600])
+def test_a_block_products_row_does_not_depend_on_the_call(fmt, k):
+  """Each row of x is rounded and summed alone (runs of eight blocks, pairs, single
+  blocks, in a fixed order): on each path a row's result is bitwise the same alone as with
+  other rows, in any tile."""
+  rng = np.random.default_rng(k)
+  bw = _block_weight(fmt, rng.normal(size=(44, k)).astype(np.float32))
+  x = jnp.asarray(rng.normal(size=(9, k)).astype(np.float32) * 3)
+  run = jax.jit(lambda x, isa, *w: cpu._call(fmt, isa, x, *w), static_argnums=1)
+  for isa in cpu.supported():
+    assert cpu.library(isa) is not None, cpu.status()
+    together = np.asarray(run(x, isa, bw.qs, bw.d, bw.m))
+    alone = np.concatenate(
+      [np.asarray(run(x[i : i + 1], isa, bw.qs, bw.d, bw.m)) for i in range(9)]
+    )
+    np.testing.assert_array_equal(alone, together, err_msg=isa)
+    for m in (2, 5):
+      part = np.asarray(run(x[:m], isa, bw.qs, bw.d, bw.m))
+      np.testing.assert_array_equal(part, together[:m], err_msg=f'{isa}, {m} rows')
 
 
 @pytest.mark.parametrize('isa', PATHS)

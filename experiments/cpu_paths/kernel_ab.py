@@ -1,12 +1,15 @@
 r"""Two builds of the CPU kernels side by side in one process, interleaved: this checkout's
 against another source tree or this one with build defines (the B build). Times the float32
 kn product (`--kind kn`: a layer weight [K, N] against 1-9 rows) at SmolLM2-135M's shapes,
-or attention (`--kind attn`: 1-9 queries per head, 3 KV heads, a half-full cache), each
-streaming its operands from memory as a forward does (kernels/cpu.py `measure`,
-`measure_attention`). Medians of 3 interleaved timings per cell.
+the quantized draft's block products (`--kind q4_1`, `--kind q8_0`: its layers and its
+head), or attention (`--kind attn`: 1-9 queries per head, 3 KV heads, a half-full cache), each
+streaming its operands from memory as a forward does. Products: medians of --rounds
+interleaved timings of both builds on the same weights; attention: of 3 (kernels/cpu.py
+`measure_attention`).
 
   python experiments/cpu_paths/kernel_ab.py --kind kn --defines=-DSPECJAX_KN_TILE_ROWS=1000
   python experiments/cpu_paths/kernel_ab.py --kind attn --other /path/to/old/checkout
+  python experiments/cpu_paths/kernel_ab.py --kind q4_1 --rows 1,2 --other /path/to/old/checkout
   python experiments/cpu_paths/kernel_ab.py --defines='-DSPECJAX_KN_JB=2 -DSPECJAX_KN_MB=6'
 
 SPECJAX_KN_TILE_ROWS=1000 turns the kn row tiles off (the one-row path for every row
@@ -26,14 +29,21 @@ from absl import app, flags
 from specjax.kernels import cpu
 from specjax.models import llama
 
-flags.DEFINE_enum('kind', 'kn', ['kn', 'attn'], 'What to time.')
+flags.DEFINE_enum('kind', 'kn', ['kn', 'q4_1', 'q8_0', 'attn'], 'What to time.')
 flags.DEFINE_string('other', '', 'Source root of the B build (default: this checkout).')
 flags.DEFINE_string('defines', '', 'Compiler flags of the B build, e.g. -DSPECJAX_KN_JB=2.')
 flags.DEFINE_list('rows', ['2', '3', '5', '9'], 'Rows of x (kn) or queries per head (attn).')
 flags.DEFINE_list('isas', ['avx512', 'avx2'], 'Paths to time (each must run on this CPU).')
-flags.DEFINE_list('shapes', ['576x576', '192x576', '1536x576', '576x1536', '960x576'], 'kn: NxK.')
+flags.DEFINE_list('shapes', [], "NxK (default: SmolLM2-135M's for the kind).")
 flags.DEFINE_integer('slots', 512, 'attn: cache slots (half of them seen).')
+flags.DEFINE_integer('rounds', 9, 'Interleaved rounds per product cell (medians).')
 FLAGS = flags.FLAGS
+
+SHAPES = {  # SmolLM2-135M's products of each kind, as the engines hold them (q|k|v joined)
+  'kn': ['576x576', '192x576', '1536x576', '576x1536', '960x576'],
+  'q4_1': ['960x576', '576x576', '3072x576', '576x1536'],  # layers (gate|up joined)
+  'q8_0': ['49152x576'],  # the head
+}
 
 
 def build_b(isa: str, root: pathlib.Path) -> None:
@@ -49,12 +59,29 @@ def build_b(isa: str, root: pathlib.Path) -> None:
     jax.ffi.register_ffi_target(cpu._target(kind, isa + 'B'), fn, platform='cpu')
 
 
-def timed(isa: str, rows: int, shape) -> float:
-  if FLAGS.kind == 'kn':
-    return cpu.measure('kn', *shape, rows, isa)['kernel_us']
-  return cpu.measure_attention(1, rows, 3, FLAGS.slots, 64, 3, isa, llama.xla_attention)[
-    'kernel_us'
-  ]
+def products(isa: str, rows: int, shape) -> tuple[float, float]:
+  """Microseconds per product of this build and of B, timed in turn round by round on the
+  same weights (copies of them, 64 MB in all, streamed from memory as a forward does)."""
+  n, k = shape
+  per_weight = {'kn': 4, 'q4_1': 20 / 32, 'q8_0': 34 / 32}[FLAGS.kind]
+  copies = int(min(32, max(1, cpu.STREAM_BYTES // (n * k * per_weight))))
+  args = cpu._operands(FLAGS.kind, n, k, rows, copies)
+  a, b = (cpu._chain(lambda *w, p=p: cpu._call(FLAGS.kind, p, *w)) for p in (isa, isa + 'B'))
+  t_a, t_b = cpu._time_both(a, b, args, rounds=FLAGS.rounds, span=0.05)
+  return t_a / copies * 1e6, t_b / copies * 1e6
+
+
+def attention(isa: str, rows: int) -> tuple[float, float]:
+  def one(path):
+    return cpu.measure_attention(1, rows, 3, FLAGS.slots, 64, 3, path, llama.xla_attention)[
+      'kernel_us'
+    ]
+
+  a, b = [], []
+  for _ in range(3):
+    a.append(one(isa))
+    b.append(one(isa + 'B'))
+  return float(np.median(a)), float(np.median(b))
 
 
 def main(_):
@@ -62,17 +89,14 @@ def main(_):
   for isa in FLAGS.isas:
     assert cpu.library(isa) is not None, cpu.status()
     build_b(isa, root)
-  shapes = [tuple(map(int, s.split('x'))) for s in FLAGS.shapes] if FLAGS.kind == 'kn' else [()]
+  names = FLAGS.shapes or SHAPES.get(FLAGS.kind, [])
+  shapes = [tuple(map(int, s.split('x'))) for s in names] if FLAGS.kind != 'attn' else [()]
   print(f'{cpu.cpu_info()["model"]} ({cpu.isa_flags()}); B: {root} {FLAGS.defines}')
   for shape in shapes:
     for rows in map(int, FLAGS.rows):
       cells = []
       for isa in FLAGS.isas:
-        a, b = [], []
-        for _ in range(3):
-          a.append(timed(isa, rows, shape))
-          b.append(timed(isa + 'B', rows, shape))
-        a, b = float(np.median(a)), float(np.median(b))
+        a, b = products(isa, rows, shape) if shape else attention(isa, rows)
         cells.append(f'{isa} this {a:6.1f} us, B {b:6.1f} us ({b / a:4.2f}x)')
       what = f'N={shape[0]} K={shape[1]} rows={rows}' if shape else f'queries={rows}'
       print(f'{what}: ' + ' | '.join(cells), flush=True)
