@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specjax import testing
+from specjax.core import sampling
 from specjax.decode.engine import Engine
 from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, truncated_target
@@ -624,3 +625,58 @@ def test_attention_splits_any_cache_over_many_threads():
   env = {**__import__('os').environ, 'SPECJAX_KERNEL_THREADS': '64'}
   done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env)
   assert done.returncode == 0 and 'ok' in done.stdout, done.stderr[-2000:]
+
+
+# Argmax over logits (sampling.argmax's kernel).
+
+
+def _logit_rows():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(8, 4099)).astype(np.float32)  # vector runs and a tail
+  x[1, [5, 4000]] = 9.0  # a tie: the first index
+  x[2, :] = -np.inf  # nothing but -inf: index 0
+  x[3, 17] = np.nan  # a NaN: the first NaN's index, as jnp.argmax gives
+  x[4, :] = 0.0
+  x[4, 3] = -0.0  # zeros of both signs: the first
+  x[5, -1] = 50.0  # the largest in the tail
+  x[6, 4096] = np.inf
+  x[7, 1000:1010] = np.nan  # NaN alone in a vector run
+  return x
+
+
+@pytest.mark.parametrize('isa', PATHS)
+def test_every_argmax_path_is_the_first_largest_index(isa):
+  assert cpu.library(isa) is not None, cpu.status()
+  x = _logit_rows()
+  got = np.asarray(jax.jit(lambda x: cpu._argmax_call(isa, x))(x))
+  np.testing.assert_array_equal(got, np.asarray(sampling._xla_argmax(jnp.asarray(x))))
+  np.testing.assert_array_equal(got, np.argmax(x, -1))
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(x, -1)))
+  assert (got[3], got[7]) == (17, 1000)
+  # Any leading shape, and under vmap.
+  x3 = x[:6].reshape(2, 3, -1)
+  np.testing.assert_array_equal(np.asarray(cpu._argmax_call(isa, x3)), got[:6].reshape(2, 3))
+  mapped = jax.vmap(lambda r: cpu._argmax_call(isa, r))(jnp.asarray(x))
+  np.testing.assert_array_equal(np.asarray(mapped), got)
+
+
+def test_sampling_argmax_takes_the_kernel_where_it_measured_faster(fresh, monkeypatch):
+  """Under measured dispatch sampling.argmax times the kernel against XLA's once and keeps
+  the faster; a forced path runs the kernel; short rows stay with XLA."""
+  timed = []
+
+  def fake(rows, v, isa, reference):
+    timed.append((rows, v, isa))
+    return {'kernel_us': 5.0, 'xla_us': 100.0}
+
+  monkeypatch.setattr(cpu, 'measure_argmax', fake)
+  x = jnp.asarray(_logit_rows()[:2])
+  want = np.asarray(sampling._xla_argmax(x))
+  find = jax.jit(sampling.argmax)
+  np.testing.assert_array_equal(np.asarray(find(x)), want)
+  assert timed == [(2, x.shape[1], cpu.best_isa())]
+  assert cpu.decisions()[f'argmax {x.shape[1]} rows<=2']['use'] == cpu.best_isa()
+  assert cpu.argmax(jnp.ones((2, 100)), sampling._xla_argmax) is None  # short: XLA
+  monkeypatch.setenv('SPECJAX_CPU_ISA', 'scalar')
+  hlo = jax.jit(lambda x: sampling.argmax(x)).lower(x).as_text()  # traced anew
+  assert 'specjax_argmax_scalar' in hlo and 'specjax_argmax_avx' not in hlo

@@ -133,7 +133,10 @@ def main(argv):
   )
   model = loader.load_model(config.model, config.dtype)
   drafter, dparams = model_drafters.QUANTIZED.build('auto', model, config.dtype)
-  tp, dp, cfg = jax.device_put(model.params), jax.device_put(dparams), model.cfg
+  # The target as an engine holds it on one device (q|k|v joined): its kernel choices are
+  # recorded per parameter tree, and the unjoined tree's would not reach the engine's.
+  tp = jax.device_put(model.cfg.family.fuse(model.params))
+  dp, cfg = jax.device_put(dparams), model.cfg
   arms = tuple(int(a) for a in GAMMAS.value)
   fixed = [int(m.partition('@')[2]) for m in methods if not m.endswith('@adaptive')]
   costs.tune_forwards(tp, cfg, 1, sorted({1, *(g + 1 for g in (*arms, *fixed))}), CACHE)

@@ -14,6 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from specjax.kernels import cpu as cpu_kernels
+
 NEG_INF = -1e30
 
 
@@ -52,16 +54,26 @@ def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   return values.reshape(x.shape[:-1] + (k,)), index.reshape(x.shape[:-1] + (k,))
 
 
-def argmax(x: jax.Array) -> jax.Array:
-  """First index of the maximum over the last axis, as int32.
-
-  Same result as jnp.argmax, ~4x faster on XLA:CPU over a 49k vocabulary (a max and a
-  min reduction instead of a reduction over (value, index) pairs).
-  """
+def _xla_argmax(x: jax.Array) -> jax.Array:
+  v = x.shape[-1]
+  index = jnp.arange(v)
   top = jnp.max(x, axis=-1, keepdims=True)
-  return jnp.min(jnp.where(x == top, jnp.arange(x.shape[-1]), x.shape[-1] - 1), axis=-1).astype(
-    jnp.int32
-  )
+  first_top = jnp.min(jnp.where(x == top, index, v - 1), axis=-1)
+  # XLA:CPU's maximum skips NaN or not depending on its loop: a NaN is found apart.
+  first_nan = jnp.min(jnp.where(jnp.isnan(x), index, v), axis=-1)
+  return jnp.where(first_nan < v, first_nan, first_top).astype(jnp.int32)
+
+
+def argmax(x: jax.Array) -> jax.Array:
+  """First index of the maximum over the last axis (of the first NaN in a row holding
+  one), as int32: jnp.argmax's result.
+
+  ~4x faster than jnp.argmax on XLA:CPU over a 49k vocabulary (max and min reductions
+  instead of a reduction over (value, index) pairs); on a CPU where specjax's kernel
+  measured faster still (kernels/cpu.py `argmax`), the kernel's.
+  """
+  out = cpu_kernels.argmax(x, _xla_argmax)
+  return _xla_argmax(x) if out is None else out
 
 
 def one_hot_argmax(x: jax.Array) -> jax.Array:

@@ -79,6 +79,7 @@ TARGETS = {
   'q4_1': 'specjax_blocks_q4_1',
   'q8_0': 'specjax_blocks_q8_0',
   'attn': 'specjax_attention',
+  'argmax': 'specjax_argmax',
 }
 BLOCK_TARGETS = {'q4_1': 'specjax_blocks_q4_1', 'q8_0': 'specjax_blocks_q8_0'}
 MAX_ROWS = 64  # the most rows measured dispatch sends to a kernel (a forced path: any)
@@ -843,6 +844,55 @@ def measure_attention(b: int, t: int, g: int, s: int, h: int, r: int, isa: str, 
   kernel = chain(lambda *a: _attention_call(isa, a[-1], *a[:-1]))
   t_kernel, t_xla = _time_both(kernel, chain(reference), (q, caches))
   return {'kernel_us': round(t_kernel / copies * 1e6, 1), 'xla_us': round(t_xla / copies * 1e6, 1)}
+
+
+# ---- argmax --------------------------------------------------------------------------
+# Rows shorter than this stay with XLA (a call costs more than it saves).
+MIN_VOCAB = 1 << 12
+ARGMAX_COPIES = 8  # rows of logits a timing cycles through (each left in L2 by a head)
+
+
+def _argmax_call(isa: str, x):
+  call = jax.ffi.ffi_call(
+    _target('argmax', isa), jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32),
+    vmap_method='broadcast_all',
+  )  # fmt: skip
+  return call(jax.lax.stop_gradient(x))
+
+
+def measure_argmax(rows: int, v: int, isa: str, reference) -> dict:
+  """Times the `isa` argmax kernel and `reference` (XLA's) over [rows, v] logits, each
+  call on another buffer: {'kernel_us', 'xla_us'} per call."""
+  rng = np.random.default_rng(0)
+  xs = [jnp.asarray(rng.standard_normal((rows, v), np.float32)) for _ in range(ARGMAX_COPIES)]
+
+  def chain(find):
+    def run(xs):
+      total = jnp.zeros((), jnp.int32)
+      for x in xs:
+        total = total + find(x + 1e-30 * total.astype(jnp.float32))[0]
+      return total
+
+    return jax.jit(run)
+
+  kernel, xla = chain(lambda x: _argmax_call(isa, x)), chain(reference)
+  t_kernel, t_xla = _time_both(kernel, xla, (xs,))
+  per = lambda t: round(t / ARGMAX_COPIES * 1e6, 1)
+  return {'kernel_us': per(t_kernel), 'xla_us': per(t_xla)}
+
+
+def argmax(x: jax.Array, reference) -> jax.Array | None:
+  """jnp.argmax(x, -1) as int32 (the first index of the maximum, or of the first NaN) on a
+  kernel (cpu_linear.cc `Argmax`), or None where `reference` (XLA's, the same function) is
+  faster or no kernel can run: the caller runs the reference then."""
+  if x.ndim < 1 or x.dtype != jnp.float32 or x.shape[-1] < 1:
+    return None
+  v, rows = int(x.shape[-1]), _rows(x)
+  if not _may_run(rows, v, MIN_VOCAB):
+    return None
+  key = f'argmax {v} rows<={bucket(rows)}'
+  isa = _dispatch(key, lambda i: measure_argmax(bucket(rows), v, i, reference), owned=False)
+  return _argmax_call(isa, x) if isa else None
 
 
 def attention(q, k, v, mask, scale: float, reference) -> jax.Array | None:

@@ -3,6 +3,7 @@
 //   specjax_linear_nk: y[M, N] = x[M, K] @ w[N, K]^T   (w stored (out, in): a tied
 //                                                       embedding used as the head)
 //   specjax_linear_kn: y[M, N] = x[M, K] @ w[K, N]     (w stored (in, out): a layer)
+//   specjax_argmax:    y[M] = the first index of the maximum of x[M, V] (jnp.argmax's)
 //
 // A forward of 1-9 new tokens multiplies each weight matrix by a handful of rows: it
 // should cost one read of the weights, as a one-token step does. XLA:CPU sends such
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -493,6 +495,81 @@ ffi::Error StreamSum(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+
+// ---- argmax -------------------------------------------------------------------------
+//
+// The first index of each row's largest value, or of its first NaN where it holds one (as
+// jnp.argmax and specjax/core/sampling.py `argmax` on XLA). XLA:CPU ran sampling's
+// maximum and minimum as scalar loops, ~0.1 ms over SmolLM2's 49152 logits at every draft
+// step and verification (experiments/cpu_paths/iteration_profile.py); here a row is read
+// twice at vector width, on the calling thread (a row just left by the head sits in L2).
+int32_t ArgmaxRow(const float* x, int64_t n) {
+  float top = -INFINITY;
+  bool nan = false;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+  __mmask16 unordered = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    unordered |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);  // a or b is NaN
+    m0 = _mm512_max_ps(m0, a);
+    m1 = _mm512_max_ps(m1, b);
+  }
+  nan = unordered != 0;
+  top = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, unordered = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+    m0 = _mm256_max_ps(m0, a);
+    m1 = _mm256_max_ps(m1, b);
+  }
+  nan = _mm256_movemask_ps(unordered) != 0;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  for (float v : lanes) top = std::max(top, v);
+#endif
+  for (; i < n; ++i) {
+    nan |= std::isnan(x[i]);
+    top = std::max(top, x[i]);
+  }
+  if (nan) {
+    for (int64_t j = 0; j < n; ++j)
+      if (std::isnan(x[j])) return static_cast<int32_t>(j);
+  }
+  i = 0;
+#if defined(__AVX512F__)
+  const __m512 t = _mm512_set1_ps(top);
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), t, _CMP_EQ_OQ);
+    if (eq) return static_cast<int32_t>(i + __builtin_ctz(eq));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 t = _mm256_set1_ps(top);
+  for (; i + 8 <= n; i += 8) {
+    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), t, _CMP_EQ_OQ));
+    if (eq) return static_cast<int32_t>(i + __builtin_ctz(eq));
+  }
+#endif
+  for (; i < n; ++i)
+    if (x[i] == top) return static_cast<int32_t>(i);
+  return 0;  // not reached: a row without NaN holds its maximum
+}
+
+ffi::Error Argmax(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  auto xd = x.dimensions();
+  if (xd.size() < 1 || xd.back() < 1 || x.element_type() != ffi::DataType::F32 ||
+      y->element_type() != ffi::DataType::S32 || y->element_count() * xd.back() != x.element_count())
+    return ffi::Error::InvalidArgument("specjax argmax: x must be float32 [..., V >= 1], y int32 [...]");
+  const int64_t n = xd.back(), rows = x.element_count() / n;
+  const float* xp = x.typed_data<float>();
+  int32_t* yp = y->typed_data<int32_t>();
+  for (int64_t r = 0; r < rows; ++r) yp[r] = ArgmaxRow(xp + r * n, n);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // The instruction set this library was compiled for (cpu.py checks it after loading).
@@ -510,5 +587,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_linear_nk, LinearNk,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_linear_kn, LinearKn,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_argmax, Argmax,
+                              ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
