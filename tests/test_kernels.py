@@ -637,10 +637,11 @@ def _logit_rows():
   x[2, :] = -np.inf  # nothing but -inf: index 0
   x[3, 17] = np.nan  # a NaN: the first NaN's index, as jnp.argmax gives
   x[4, :] = 0.0
-  x[4, 3] = -0.0  # zeros of both signs: the first
+  x[4, :3] = -0.0  # zeros of both signs: equal, so the first
   x[5, -1] = 50.0  # the largest in the tail
   x[6, 4096] = np.inf
   x[7, 1000:1010] = np.nan  # NaN alone in a vector run
+  x[0, 4097] = np.nan  # a NaN in the tail past the last vector
   return x
 
 
@@ -652,7 +653,10 @@ def test_every_argmax_path_is_the_first_largest_index(isa):
   np.testing.assert_array_equal(got, np.asarray(sampling._xla_argmax(jnp.asarray(x))))
   np.testing.assert_array_equal(got, np.argmax(x, -1))
   np.testing.assert_array_equal(got, np.asarray(jnp.argmax(x, -1)))
-  assert (got[3], got[7]) == (17, 1000)
+  assert (got[0], got[3], got[4], got[7]) == (4097, 17, 0, 1000)
+  for n in (1, 7, 17, 31, 33):  # rows shorter than a vector or two: the scalar tail alone
+    short = x[:, :n]
+    np.testing.assert_array_equal(np.asarray(cpu._argmax_call(isa, short)), np.argmax(short, -1))
   # Any leading shape, and under vmap.
   x3 = x[:6].reshape(2, 3, -1)
   np.testing.assert_array_equal(np.asarray(cpu._argmax_call(isa, x3)), got[:6].reshape(2, 3))

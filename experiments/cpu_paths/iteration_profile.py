@@ -116,6 +116,8 @@ def _group(what: str) -> str:
     return 'draft weight products (q4_1 / q8_0 blocks)'
   if what.startswith('specjax_attention') or 'attention' in what:
     return 'attention (kernel)'
+  if what.startswith('specjax_argmax'):
+    return 'argmax of logits (kernel)'
   return "XLA's other ops (norms, RoPE, cache writes, sampling)"
 
 

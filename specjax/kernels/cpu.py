@@ -9,6 +9,10 @@ Four products have a kernel (specjax/kernels/*.cc):
   'q4_1' x[..., K] @ W.T, W in q4_1 blocks   a quantized self-draft's layers (models/quant.py)
   'q8_0' x[..., K] @ W.T, W in q8_0 blocks   its embedding head
 
+and two more operations: attention over the KV cache ('attn', cpu_attention.cc) and the
+argmax of logits ('argmax', sampling's greedy tokens), each measured against XLA's the
+same way (`attention`, `argmax` below).
+
 A forward of 1-9 new tokens (a plain step, a verification, a draft step) multiplies
 each weight by that many rows; a kernel reads each weight once for all of them. The
 sources are compiled once per machine and instruction set with the system C++ compiler
