@@ -156,3 +156,71 @@ def test_predicted_tokens_leave_out_those_cut_at_the_end_of_a_text():
 
   assert predicted(11) == pytest.approx(5 / 2.0)  # 5 tokens per 0.8 + 1.2 steps
   assert predicted(8) == pytest.approx(predicted(11) * 7 / 10)  # 3 cut at max_new / EOS
+
+
+def test_the_loops_own_work_counts_against_speculation_in_plain_iterations():
+  """Measured overhead (the verifier, the commit, the draft's update) is added to each
+  speculative iteration's cost, and a plain iteration (step and its overhead) is the unit."""
+  from specjax.core import tree as tree_lib
+
+  shape = tree_lib.parse_shape('2x1')
+  c = cost_model.Costs(
+    batch=1,
+    cache_size=64,
+    target_ms=10.0,
+    draft_ms={2: 3.0, 4: 8.0},
+    verify_ms={2: 11.0, 4: 12.0},
+    tree_ms={shape.text: (4.0, 12.0)},
+    overhead_ms={0: 1.0, 2: 3.0, 4: 3.0},
+  )
+  assert c.plain_ms == 11.0 and c.units(0) == (0.0, 1.0)
+  assert c.units(4) == pytest.approx((8 / 11, 15 / 11))
+  assert c.loop_units(0) == pytest.approx(1 / 11) and c.loop_units(4) == pytest.approx(3 / 11)
+  assert c.tree_units(shape) == pytest.approx((4 / 11, 15 / 11))
+  assert cost_model.Costs.from_json(c.to_json()) == c
+  old = c.to_json()
+  del old['overhead_ms']  # results written before overhead was measured
+  legacy = cost_model.Costs.from_json(old)
+  assert legacy.overhead_ms == {} and legacy.units(4) == pytest.approx((0.8, 1.2))
+  assert c.c == legacy.c == pytest.approx(8 / 4 / 10)  # c stays per target step
+
+  m = types.SimpleNamespace(alpha=0.8, iteration_ms=30.0)
+  recs = [{'accepted': [4, 4], 'drafted': [4, 4], 'new_tokens': 11}]
+  metrics.predict(m, recs, c, 4, adaptive=False)
+  assert m.predicted_speedup == pytest.approx(5 / (23 / 11))  # 5 tokens per 8 + 12 + 3 ms
+  assert m.time_split_ms == pytest.approx({'draft': 8.0, 'verify': 12.0, 'loop': 3.0, 'other': 7.0})
+  # The overhead as measure_drafts takes it: a plain iteration less the step; a draft's
+  # iteration at its largest gamma less its proposal in the loop (alone 2, in the loop
+  # 9 - 6) and the forward, for every gamma; never below 0.
+  best = {
+    ('step', 0): 10.0,
+    ('iteration', 0): 10.5,
+    ('verify', 3): 6.0,
+    ('d', 1): 1.0,
+    ('d', 3): 2.0,
+    ('d', 'verified', 3): 9.0,
+    ('d', 'iteration', 3): 11.0,
+    ('n', 3): 0.1,
+    ('n', 'iteration', 3): 5.0,
+  }
+  assert costs._overheads(best, 'd', (1, 3)) == pytest.approx({0: 0.5, 1: 2.0, 3: 2.0})
+  assert costs._overheads(best, 'n', (3,)) == pytest.approx({0: 0.5, 3: 0.0})
+  assert costs._overheads(best, 'x', ()) == {0: 0.5}
+
+
+def test_a_whole_iteration_is_timed_as_the_loop_runs_it():
+  """timer_iteration runs the loop's own round (proposal, forward, verifier, commit,
+  update) from the same state each time: it costs more than the target's forward over
+  the proposal alone, and measure_drafts turns it into each draft's overhead."""
+  cfg, params = testing.tiny_model(seed=3, n_layers=4)
+  draft_cfg, draft = truncated_target(cfg, params, 1)
+  drafter = ModelDrafter(draft_cfg)
+  whole = costs.timer_iteration(drafter, draft, params, cfg, 1, 3, 128, inner=2)
+  plain = costs.timer_iteration(None, None, params, cfg, 1, 0, 128, inner=2)
+  verify = costs.timer_forward(params, cfg, 1, 4, 128, inner=2)
+  best = {k: min(t() for _ in range(7)) for k, t in [('w', whole), ('p', plain), ('f', verify)]}
+  assert best['w'] > best['f'] and best['p'] > 0, best
+  drafts = {'d': (drafter, draft, (1, 3)), 'n': (NgramDrafter(cfg.vocab_size), None, (2,))}
+  _, measured = costs.measure_drafts(params, cfg, drafts, 1, 128, repeats=2, verifier='greedy')
+  for c in measured.values():
+    assert set(c.overhead_ms) == {0, *c.draft_ms} and min(c.overhead_ms.values()) >= 0

@@ -32,6 +32,7 @@ from specjax.control.cost_model import Costs
 from specjax.core.contract import TargetOut
 from specjax.core.sampling import SamplingConfig
 from specjax.core.tree import TreeSpec
+from specjax.decode import loop as decode_loop
 from specjax.decode import prefill as prefill_lib
 from specjax.decode.method import Method
 from specjax.kernels import cpu as cpu_kernels
@@ -100,31 +101,15 @@ def forward_ms(
   return min(run() for _ in range(repeats))
 
 
-def timer_propose(
-  drafter,
-  draft_params,
-  target_params,
-  cfg,
-  batch: int,
-  gamma: int,
-  cache_size: int,
-  sampling: SamplingConfig = SamplingConfig(),
-  inner: int = 8,
-  tree=None,
-  verified: bool = False,
-):
-  """A timer of one `drafter.propose` of gamma tokens (with `tree`, a TreeSpec: one
-  `propose_tree`, gamma ignored), on a state after a prompt that fills half the cache (as
-  timer_forward's: a draft model then attends over as many slots as the target does; its
-  attention was 12% of a decoding iteration's time, iteration_profile.py). `verified`
-  (chains): each proposal followed by the target's (gamma + 1)-token forward over it, as
-  in the decoding loop, timed together."""
+def _prefilled(drafter, draft_params, target_params, cfg, batch, cache_size, sampling, method):
+  """A decoding state after a prompt that fills half the cache (as timer_forward's: a draft
+  model then attends over as many slots as the target does; its attention was 12% of a
+  decoding iteration's time, iteration_profile.py)."""
   prompt_len = cache_size // 2
   prompt = (jnp.arange(batch * prompt_len).reshape(batch, prompt_len) * 7919) % cfg.vocab_size
   lens = jnp.full((batch,), prompt_len, jnp.int32)
-  method = Method.chain(gamma) if tree is None else Method.tree(tree)
   params = {'target': target_params, 'draft': draft_params}
-  state = jax.jit(
+  return jax.jit(
     prefill_lib.prefill,
     static_argnames=('cfg', 'method', 'drafter', 'sampling', 'eos_id', 'cache_size', 'out_len'),
   )(
@@ -141,6 +126,28 @@ def timer_propose(
     cache_size=cache_size,
     out_len=max(1, cache_size // 4),
   )
+
+
+def timer_propose(
+  drafter,
+  draft_params,
+  target_params,
+  cfg,
+  batch: int,
+  gamma: int,
+  cache_size: int,
+  sampling: SamplingConfig = SamplingConfig(),
+  inner: int = 8,
+  tree=None,
+  verified: bool = False,
+):
+  """A timer of one `drafter.propose` of gamma tokens (with `tree`, a TreeSpec: one
+  `propose_tree`, gamma ignored), on a state after a prompt that fills half the cache
+  (_prefilled). `verified`
+  (chains): each proposal followed by the target's (gamma + 1)-token forward over it, as
+  in the decoding loop, timed together."""
+  method = Method.chain(gamma) if tree is None else Method.tree(tree)
+  state = _prefilled(drafter, draft_params, target_params, cfg, batch, cache_size, sampling, method)
 
   def verify(target_params, state, tokens, cache):
     """The target over [last token, proposal], its cache rolled back after."""
@@ -172,6 +179,55 @@ def timer_propose(
   detached = state.replace(spec=state.spec.replace(draft=None), cache=None)
   read = target_params if verified and tree is None else None  # the target's weights, if run
   return _timer(fn, (draft_params, read, detached, (state.spec.draft, state.cache)), inner)
+
+
+def timer_iteration(
+  drafter,
+  draft_params,
+  target_params,
+  cfg,
+  batch: int,
+  gamma: int,
+  cache_size: int,
+  sampling: SamplingConfig = SamplingConfig(),
+  verifier: str = 'rejection',
+  inner: int = 8,
+):
+  """A timer of one whole iteration of the decoding loop at gamma (0: a plain step, and
+  `drafter` None), as decode.loop runs it: the proposal, the target's forward over it,
+  the verifier, the commit and the drafter's update. Each repetition starts from the same
+  state (the target's cache and the draft's state rolled back), after a prompt that fills
+  half the cache (_prefilled). Less the proposal and the forward, what is left is the
+  loop's own work in an iteration, which the pieces above leave out (3-5 ms of a 70 ms
+  quantized@8 iteration on the Xeon of BENCHMARKS.md)."""
+  method = Method.chain(gamma, verifier)
+  drafter = drafter if gamma else None
+  state = _prefilled(drafter, draft_params, target_params, cfg, batch, cache_size, sampling, method)
+
+  def many(draft_params, target_params, state, carried):
+    params = {'target': target_params, 'draft': draft_params}
+
+    def body(i, carry):
+      acc, (draft_state, cache) = carry
+      moved = state.replace(
+        tokens=(state.tokens + i) % cfg.vocab_size,
+        key=jax.random.fold_in(state.key, i),
+        cache=cache,
+        spec=state.spec.replace(draft=draft_state),
+      )
+      out = decode_loop.iteration(
+        params, moved, cfg=cfg, method=method, sampling=sampling, eos_id=-1, drafter=drafter
+      )
+      if drafter is not None:  # rolled back to the state the iteration started from
+        draft_state = drafter.update(out.spec.draft, moved, TargetOut())
+      return acc + out.num_generated, (draft_state, out.cache.with_lengths(cache.lengths))
+
+    return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.int32), carried))
+
+  fn = jax.jit(many, donate_argnums=3)
+  detached = state.replace(spec=state.spec.replace(draft=None), cache=None)
+  carried = (state.spec.draft, state.cache)
+  return _timer(fn, (draft_params if gamma else None, target_params, detached, carried), inner)
 
 
 def fastest(pieces: Mapping, repeats: int = 5) -> dict:
@@ -247,6 +303,7 @@ def measure_drafts(
   cache_size: int,
   sampling: SamplingConfig = SamplingConfig(),
   repeats: int = 5,
+  verifier: str = 'rejection',
 ) -> tuple[float, dict[str, Costs]]:
   """(target step ms, {name: Costs}) for drafts {name: (drafter, draft params, gammas[,
   trees])}, trees being static TreeShapes.
@@ -254,9 +311,15 @@ def measure_drafts(
   The target's step and each (gamma + 1)-token verification are timed once and shared
   by every draft; each draft's proposals are timed at each of its gammas. A tree of N
   nodes is verified by an (N + 1)-token forward, timed once per N, and its proposal is
-  timed per draft.
+  timed per draft. A plain iteration of the loop, and each draft's iteration at its
+  largest gamma (with `verifier`), are timed whole for the loop's own work (_overheads).
   """
-  pieces = {('step', 0): timer_forward(target_params, cfg, batch, 1, cache_size)}
+  pieces = {
+    ('step', 0): timer_forward(target_params, cfg, batch, 1, cache_size),
+    ('iteration', 0): timer_iteration(
+      None, None, target_params, cfg, batch, 0, cache_size, sampling, verifier
+    ),
+  }
   for name, (drafter, draft_params, gammas, *rest) in drafts.items():
     trees = rest[0] if rest else ()
     for n in [*gammas, *(t.size for t in trees)]:
@@ -270,6 +333,11 @@ def measure_drafts(
       pieces[name, 'verified', max(gammas)] = timer_propose(
         drafter, draft_params, target_params, cfg, batch, max(gammas), cache_size, sampling,
         verified=True,
+      )  # fmt: skip
+    if gammas:  # (every gamma: 14 s a timer for the q4 draft, mostly compiling)
+      pieces[name, 'iteration', max(gammas)] = timer_iteration(
+        drafter, draft_params, target_params, cfg, batch, max(gammas), cache_size, sampling,
+        verifier,
       )  # fmt: skip
     for t in trees:
       pieces[name, t.text] = timer_propose(
@@ -296,8 +364,23 @@ def measure_drafts(
       draft_ms={g: best[name, g] * ratio for g in gammas},
       verify_ms={g: best['verify', g] for g in gammas},
       tree_ms={t.text: (best[name, t.text], best['verify', t.size]) for t in trees},
+      overhead_ms=_overheads(best, name, gammas),
     )
   return step, out
+
+
+def _overheads(best: dict, name: str, gammas) -> dict[int, float]:
+  """{0: a plain iteration less the target's step; every gamma: the draft's iteration at
+  its largest gamma less its proposal (as the loop runs it: _in_loop) and the target's
+  forward over it}, in ms, at least 0. One figure for every gamma: timed at each gamma
+  of 1-12, the q4 draft's was 2.0, 3.4, 3.7, 3.4 and 4.0 ms (the verifier and the commit
+  read gamma + 1 tokens), and each timer took 14 s to compile and run."""
+  out = {0: max(0.0, best['iteration', 0] - best['step', 0])}
+  g = max(gammas, default=0)
+  if (name, 'iteration', g) in best:
+    seen = best[name, g] * _in_loop(best, name, gammas) + best['verify', g]
+    out.update(dict.fromkeys(gammas, max(0.0, best[name, 'iteration', g] - seen)))
+  return out
 
 
 def _in_loop(best: dict, name: str, gammas) -> float:

@@ -310,7 +310,7 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
   verify(d); one that did not (a plain step of adaptive
   control, or a prompt lookup with no match) emits 1 token at cost 1 (plus the search,
   for a fixed-gamma lookup). The same units give the predicted split of an iteration's
-  time into draft, verify and the rest.
+  time into draft, verify, the loop's own work (Costs.overhead_ms) and the rest.
 
   Tokens an iteration kept past the end of its text (an EOS, or max_new_tokens) are not
   output: the predicted tokens are scaled by the fraction of kept tokens that were (the
@@ -321,7 +321,7 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
   table = costs.table()
   pairs = [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
   accept = cost_model.position_acceptance(pairs, max(table))
-  tokens = draft = verify = 0.0  # draft and verify in target steps
+  tokens = draft = verify = loop = 0.0  # in plain iterations (Costs.units)
   n = 0
   for r in recs:
     for d in r['drafted']:
@@ -336,15 +336,17 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
         tokens += 1
       draft += dc
       verify += vc
+      loop += costs.loop_units(d)  # (counted within vc)
   kept = sum(a + 1 for r in recs for a in r['accepted'])
   if kept:
     tokens *= min(1.0, sum(r['new_tokens'] - 1 for r in recs) / kept)
-  per_iter = lambda units: units * costs.target_ms / max(n, 1)
+  per_iter = lambda units: units * costs.plain_ms / max(n, 1)
   m.c = costs.c
   m.predicted_speedup = float(cost_model.speedup(tokens, draft, verify)) if n else 0.0
   m.time_split_ms = {
     'draft': per_iter(draft),
-    'verify': per_iter(verify),
+    'verify': per_iter(verify - loop),
+    'loop': per_iter(loop),
     'other': m.iteration_ms - per_iter(draft + verify),
   }
 

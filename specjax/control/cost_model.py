@@ -12,10 +12,14 @@ tokens (the verifier always adds one). It costs the draft's gamma proposals plus
     cost(gamma) = draft(gamma) + verify(gamma),  with draft(gamma) ~= gamma * c,
 
 so the predicted speedup over autoregressive decoding (one token per unit cost) is
-E / cost. Plain decoding is gamma = 0: E = 1, cost = 1. Everything here works
-elementwise on NumPy arrays; the jitted controller (`specjax/control/adaptive.py`) calls
-the same functions with xp=jax.numpy, and layer-skip calibration with simulated tokens
-per call. `Costs` holds the measured pieces (specjax/bench/costs.py measures them).
+E / cost. Where the loop's own work in an iteration was measured (`Costs.overhead_ms`: the
+verifier, the commit, the drafter's update), the unit is a plain iteration (the target's
+step and its overhead) and each speculative iteration's overhead is counted with its
+verification (3.4-4.7 ms of a 67-70 ms quantized@8 iteration on BENCHMARKS.md's Xeon). Plain
+decoding is gamma = 0: E = 1, cost = 1. Everything here works elementwise on NumPy arrays;
+the jitted controller (`specjax/control/adaptive.py`) calls the same functions with
+xp=jax.numpy, and layer-skip calibration with simulated tokens per call. `Costs` holds the
+measured pieces (specjax/bench/costs.py measures them).
 """
 
 from __future__ import annotations
@@ -37,22 +41,42 @@ class Costs:
   verify_ms: dict[int, float]  # gamma -> one (gamma + 1)-token target forward
   # Static trees by TreeShape.text -> (ms proposing it, ms of its (N + 1)-token forward).
   tree_ms: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+  # gamma -> ms of the loop's own work in an iteration beyond the proposal and the target's
+  # forward (verifier, commit, the drafter's update, the loop's dispatch); 0: a plain
+  # step's beyond its forward. Empty where not measured (then taken as 0).
+  overhead_ms: dict[int, float] = dataclasses.field(default_factory=dict)
+
+  @property
+  def plain_ms(self) -> float:
+    """One plain iteration of the loop: the target's step and its own overhead (the unit)."""
+    return self.target_ms + self.overhead_ms.get(0, 0.0)
+
+  def loop_units(self, gamma: int | None) -> float:
+    """The loop's own work in an iteration of gamma, in plain-iteration units (None, a
+    tree's: taken as the largest chain's)."""
+    if gamma == 0:
+      return self.overhead_ms.get(0, 0.0) / self.plain_ms
+    chains = [g for g in self.overhead_ms if g]
+    ms = self.overhead_ms.get(gamma, self.overhead_ms[max(chains)] if chains else 0.0)
+    return ms / self.plain_ms
 
   def units(self, gamma: int) -> tuple[float, float]:
-    """(draft cost, verify cost) of gamma in units of a plain target step."""
+    """(draft cost, verify cost) of gamma in units of a plain iteration; the verify cost
+    includes the loop's own work (loop_units)."""
     if gamma == 0:
       return 0.0, 1.0
-    return self.draft_ms[gamma] / self.target_ms, self.verify_ms[gamma] / self.target_ms
+    verify = self.verify_ms[gamma] / self.plain_ms + self.loop_units(gamma)
+    return self.draft_ms[gamma] / self.plain_ms, verify
 
   def tree_units(self, shape) -> tuple[float, float]:
-    """(draft cost, verify cost) of a static tree (a TreeShape) in plain-step units."""
+    """(draft cost, verify cost) of a static tree (a TreeShape) in plain-iteration units."""
     if shape.text not in self.tree_ms:
       raise ValueError(
         f'no measured cost for the tree {shape.text!r} ({shape.describe()}); measured: '
         f'{sorted(self.tree_ms) or "none"}'
       )
     draft, verify = self.tree_ms[shape.text]
-    return draft / self.target_ms, verify / self.target_ms
+    return draft / self.plain_ms, verify / self.plain_ms + self.loop_units(None)
 
   def table(self) -> dict[int, tuple[float, float]]:
     return {0: (0.0, 1.0), **{g: self.units(g) for g in sorted(self.draft_ms)}}
@@ -73,6 +97,7 @@ class Costs:
       draft_ms={int(g): v for g, v in data['draft_ms'].items()},
       verify_ms={int(g): v for g, v in data['verify_ms'].items()},
       tree_ms={k: tuple(v) for k, v in data.get('tree_ms', {}).items()},
+      overhead_ms={int(g): v for g, v in data.get('overhead_ms', {}).items()},
     )
 
   def to_json(self) -> dict:
@@ -83,6 +108,7 @@ class Costs:
       'draft_ms': {str(g): v for g, v in self.draft_ms.items()},
       'verify_ms': {str(g): v for g, v in self.verify_ms.items()},
       'tree_ms': {k: list(v) for k, v in self.tree_ms.items()},
+      'overhead_ms': {str(g): v for g, v in self.overhead_ms.items()},
       'c': self.c,
     }
 

@@ -408,6 +408,22 @@ def step(
   return _fixed(spec)(params, state)
 
 
+def iteration(
+  params,
+  state: DecodeState,
+  *,
+  cfg,
+  method: Method,
+  sampling: sampling_lib.SamplingConfig,
+  eos_id: int,
+  drafter: Drafter | None = None,
+) -> DecodeState:
+  """One round of a fixed method as the loop runs it, without the plain steps a lookup
+  drafter takes while it has nothing to propose (bench/costs.py times it: the loop's work
+  beside the proposal and the target's forward)."""
+  return _every_iteration(params, state, LoopSpec(cfg, method, sampling, eos_id, drafter))
+
+
 def decode(
   params,
   state: DecodeState,

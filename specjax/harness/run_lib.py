@@ -181,12 +181,15 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
   sampling = SamplingConfig(config.temperature, config.top_k, config.top_p)
   base = engines['']
   step, costs = costs_lib.measure_drafts(
-    base.params, base.cfg, drafts, config.batch_size, cache_size, sampling, 3 if quick else 5
-  )
+    base.params, base.cfg, drafts, config.batch_size, cache_size, sampling,
+    3 if quick else 5, config.verifier,
+  )  # fmt: skip
   verify = {g: v for c in costs.values() for g, v in c.verify_ms.items()}
+  plain = next(iter(costs.values())).overhead_ms.get(0, 0.0)
   say(
     f'costs measured in {time.perf_counter() - start:.0f} s (batch {config.batch_size}, '
-    f'{cache_size} slots): target step {step:.2f} ms; verify/step '
+    f"{cache_size} slots): target step {step:.2f} ms (+ {plain:.2f} ms of the loop's own "
+    'work a plain iteration); verify/step '
     + ', '.join(f'{g}: {verify[g] / step:.2f}' for g in sorted(verify))
   )
   for spec, c in costs.items():
@@ -195,7 +198,8 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
       f'; tree {t}: draft/step {d / step:.2f}, verify/step {v / step:.2f}'
       for t, (d, v) in c.tree_ms.items()
     )
-    say(f'  {spec}: c = {c.c:.3f}; draft/step {units}')
+    loop = max(c.overhead_ms.items(), default=(0, 0.0))[1]  # at its largest gamma
+    say(f'  {spec}: c = {c.c:.3f}; draft/step {units}; loop {loop:.2f} ms an iteration')
   return costs
 
 

@@ -62,6 +62,7 @@ def cost_line(costs: Mapping) -> str:
     target_ms=costs['target_ms'],
     draft_ms={int(g): v for g, v in costs['draft_ms'].items()},
     verify_ms={int(g): v for g, v in costs['verify_ms'].items()},
+    overhead_ms={int(g): v for g, v in costs.get('overhead_ms', {}).items()},
   )
   control = AdaptiveConfig.from_costs(measured)
   verify = ', '.join(f'{g + 1}: {measured.units(g)[1]:.2f}' for g in control.gammas)
