@@ -205,6 +205,10 @@ def test_the_loops_own_work_counts_against_speculation_in_plain_iterations():
   }
   assert costs._overheads(best, 'd', (1, 3)) == pytest.approx({0: 0.5, 1: 2.0, 3: 2.0})
   assert costs._overheads(best, 'n', (3,)) == pytest.approx({0: 0.5, 3: 0.0})
+  # Timed at its smallest gamma too (as measure_drafts does): that gamma keeps its own, the
+  # others take the largest's.
+  best.update({('verify', 1): 5.0, ('d', 'iteration', 1): 7.0, ('d', 2): 1.5, ('verify', 2): 5.5})
+  assert costs._overheads(best, 'd', (1, 2, 3)) == pytest.approx({0: 0.5, 1: 0.5, 2: 2.0, 3: 2.0})
   assert costs._overheads(best, 'x', ()) == {0: 0.5}
 
 
@@ -219,7 +223,19 @@ def test_a_whole_iteration_is_timed_as_the_loop_runs_it():
   plain = costs.timer_iteration(None, None, params, cfg, 1, 0, 128, inner=2)
   verify = costs.timer_forward(params, cfg, 1, 4, 128, inner=2)
   best = {k: min(t() for _ in range(7)) for k, t in [('w', whole), ('p', plain), ('f', verify)]}
-  assert best['w'] > best['f'] and best['p'] > 0, best
+  assert best['w'] > best['f'], best  # the iteration runs that forward and more
+  assert plain() > 0
+  # Each repetition starts where the first did: both caches rolled back, the same tokens.
+  fn, args = costs.timer_iteration(drafter, draft, params, cfg, 2, 3, 128, inner=3, runner=True)
+  draft_state, cache = args[-1]
+  start = (np.asarray(draft_state.cache.lengths), np.asarray(cache.lengths))
+  assert (start[1] == 64).all()  # half the cache: the prompt
+  acc, carried = fn(*args[:-1], args[-1])
+  again, carried = fn(*args[:-1], carried)
+  np.testing.assert_array_equal(carried[0].cache.lengths, start[0])
+  np.testing.assert_array_equal(carried[1].lengths, start[1])
+  np.testing.assert_array_equal(again, acc)
+  assert (np.asarray(acc) > 3).all()  # each of 3 iterations emitted a token at least
   drafts = {'d': (drafter, draft, (1, 3)), 'n': (NgramDrafter(cfg.vocab_size), None, (2,))}
   _, measured = costs.measure_drafts(params, cfg, drafts, 1, 128, repeats=2, verifier='greedy')
   for c in measured.values():

@@ -192,6 +192,7 @@ def timer_iteration(
   sampling: SamplingConfig = SamplingConfig(),
   verifier: str = 'rejection',
   inner: int = 8,
+  runner: bool = False,
 ):
   """A timer of one whole iteration of the decoding loop at gamma (0: a plain step, and
   `drafter` None), as decode.loop runs it: the proposal, the target's forward over it,
@@ -199,7 +200,8 @@ def timer_iteration(
   state (the target's cache and the draft's state rolled back), after a prompt that fills
   half the cache (_prefilled). Less the proposal and the forward, what is left is the
   loop's own work in an iteration, which the pieces above leave out (3-5 ms of a 70 ms
-  quantized@8 iteration on the Xeon of BENCHMARKS.md)."""
+  quantized@8 iteration on the Xeon of BENCHMARKS.md). `runner`: (fn, args) instead, fn
+  (jitted, its last argument donated) returning (acc, the carried draft state and cache)."""
   method = Method.chain(gamma, verifier)
   drafter = drafter if gamma else None
   state = _prefilled(drafter, draft_params, target_params, cfg, batch, cache_size, sampling, method)
@@ -226,8 +228,8 @@ def timer_iteration(
 
   fn = jax.jit(many, donate_argnums=3)
   detached = state.replace(spec=state.spec.replace(draft=None), cache=None)
-  carried = (state.spec.draft, state.cache)
-  return _timer(fn, (draft_params if gamma else None, target_params, detached, carried), inner)
+  args = (draft_params if gamma else None, target_params, detached, (state.spec.draft, state.cache))
+  return (fn, args) if runner else _timer(fn, args, inner)
 
 
 def fastest(pieces: Mapping, repeats: int = 5) -> dict:
@@ -312,7 +314,8 @@ def measure_drafts(
   by every draft; each draft's proposals are timed at each of its gammas. A tree of N
   nodes is verified by an (N + 1)-token forward, timed once per N, and its proposal is
   timed per draft. A plain iteration of the loop, and each draft's iteration at its
-  largest gamma (with `verifier`), are timed whole for the loop's own work (_overheads).
+  smallest and largest gamma (with `verifier`), are timed whole for the loop's own work
+  (_overheads).
   """
   pieces = {
     ('step', 0): timer_forward(target_params, cfg, batch, 1, cache_size),
@@ -334,11 +337,10 @@ def measure_drafts(
         drafter, draft_params, target_params, cfg, batch, max(gammas), cache_size, sampling,
         verified=True,
       )  # fmt: skip
-    if gammas:  # (every gamma: 14 s a timer for the q4 draft, mostly compiling)
-      pieces[name, 'iteration', max(gammas)] = timer_iteration(
-        drafter, draft_params, target_params, cfg, batch, max(gammas), cache_size, sampling,
-        verifier,
-      )  # fmt: skip
+    for g in {min(gammas), max(gammas)} if gammas else ():  # (14 s each for the q4 draft)
+      pieces[name, 'iteration', g] = timer_iteration(
+        drafter, draft_params, target_params, cfg, batch, g, cache_size, sampling, verifier
+      )
     for t in trees:
       pieces[name, t.text] = timer_propose(
         drafter,
@@ -370,16 +372,18 @@ def measure_drafts(
 
 
 def _overheads(best: dict, name: str, gammas) -> dict[int, float]:
-  """{0: a plain iteration less the target's step; every gamma: the draft's iteration at
-  its largest gamma less its proposal (as the loop runs it: _in_loop) and the target's
-  forward over it}, in ms, at least 0. One figure for every gamma: timed at each gamma
-  of 1-12, the q4 draft's was 2.0, 3.4, 3.7, 3.4 and 4.0 ms (the verifier and the commit
-  read gamma + 1 tokens), and each timer took 14 s to compile and run."""
+  """{0: a plain iteration less the target's step; each gamma: the draft's iteration less
+  its proposal (as the loop runs it: _in_loop) and the target's forward over it}, in ms, at
+  least 0. Iterations are timed at the smallest and the largest gamma; the others take the
+  largest's figure. Timed at each of 1, 2, 4, 8 and 12, the q4 draft's was 2.0, 3.4, 3.7,
+  3.4 and 4.0 ms, and each timer took 14 s to compile and run."""
   out = {0: max(0.0, best['iteration', 0] - best['step', 0])}
-  g = max(gammas, default=0)
-  if (name, 'iteration', g) in best:
-    seen = best[name, g] * _in_loop(best, name, gammas) + best['verify', g]
-    out.update(dict.fromkeys(gammas, max(0.0, best[name, 'iteration', g] - seen)))
+  timed = sorted(g for g in gammas if (name, 'iteration', g) in best)
+  ratio = _in_loop(best, name, gammas)
+  for g in gammas if timed else ():
+    t = g if g in timed else timed[-1]
+    seen = best[name, t] * ratio + best['verify', t]
+    out[g] = max(0.0, best[name, 'iteration', t] - seen)
   return out
 
 
@@ -402,10 +406,14 @@ def measure(
   gammas: Sequence[int],
   sampling: SamplingConfig = SamplingConfig(),
   repeats: int = 5,
+  verifier: str = 'rejection',
 ) -> Costs:
-  """Costs of `engine`'s target and drafter for each gamma at this batch and cache size."""
+  """Costs of `engine`'s target and drafter for each gamma at this batch and cache size
+  (the loop's own work timed with `verifier`)."""
   if engine.drafter is None:
     raise ValueError('measuring draft costs needs an engine with a drafter')
   drafts = {'draft': (engine.drafter, engine.draft_params, tuple(gammas))}
-  _, out = measure_drafts(engine.params, engine.cfg, drafts, batch, cache_size, sampling, repeats)
+  _, out = measure_drafts(
+    engine.params, engine.cfg, drafts, batch, cache_size, sampling, repeats, verifier
+  )
   return out['draft']

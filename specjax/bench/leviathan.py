@@ -82,7 +82,7 @@ def analyse(summary: dict) -> list[Curve]:
         f'the run has no measured costs for draft {draft!r}: rerun with '
         '--config.measure_costs=True to get c and the verification costs'
       )
-    target = costs['target_ms']
+    measured = cost_model.Costs.from_json(costs)
     c = float(costs['c'])
     gammas = sorted(methods)
     categories = ['all', *sorted(methods[gammas[0]].get('categories', {}))]
@@ -94,8 +94,7 @@ def analyse(summary: dict) -> list[Curve]:
       alpha = float(np.sum(alphas * drafted) / max(np.sum(drafted), 1.0))
       model = []
       for g in gammas:
-        draft_cost = costs['draft_ms'][str(g)] / target
-        verify_cost = costs['verify_ms'][str(g)] / target
+        draft_cost, verify_cost = measured.units(g)  # (the loop's own work included)
         model.append(float(cost_model.predicted_speedup(alpha, g, draft_cost, verify_cost)))
       curves.append(
         Curve(

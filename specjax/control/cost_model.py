@@ -1,4 +1,4 @@
-"""The speculative decoding cost model (Leviathan et al. 2023), in target-step units.
+"""The speculative decoding cost model (Leviathan et al. 2023), in plain-step units.
 
 With per-token acceptance alpha (each draft token accepted independently with
 probability alpha, so the first rejection ends the run), one iteration of gamma draft
@@ -89,10 +89,10 @@ class Costs:
 
   @classmethod
   def from_json(cls, data: dict) -> Costs:
-    """The inverse of to_json."""
+    """The inverse of to_json (batch 1 and cache size 0 where a hand-written entry has none)."""
     return cls(
-      batch=data['batch'],
-      cache_size=data['cache_size'],
+      batch=data.get('batch', 1),
+      cache_size=data.get('cache_size', 0),
       target_ms=data['target_ms'],
       draft_ms={int(g): v for g, v in data['draft_ms'].items()},
       verify_ms={int(g): v for g, v in data['verify_ms'].items()},
@@ -211,7 +211,7 @@ def greedy_calls(agree, gamma: int) -> int:
 
 
 def speedup(tokens, draft_cost, verify_cost):
-  """Tokens per iteration over its cost in target steps: the one speedup formula."""
+  """Tokens per iteration over its cost in plain steps (Costs.units): the one speedup formula."""
   return tokens / (draft_cost + verify_cost)
 
 
@@ -230,7 +230,7 @@ def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
 def predicted_speedup(
   alpha, gamma: int, draft_cost: float, verify_cost: float, verified_fraction: float = 1.0
 ):
-  """E(alpha, gamma) / (draft_cost + verify_cost), both in target-step units.
+  """E(alpha, gamma) / (draft_cost + verify_cost), both in plain-step units (Costs.units).
 
   `verified_fraction` < 1 models drafters that skip verification when they have
   nothing to propose (prompt lookup): those iterations are plain steps (one token at

@@ -420,7 +420,10 @@ def iteration(
 ) -> DecodeState:
   """One round of a fixed method as the loop runs it, without the plain steps a lookup
   drafter takes while it has nothing to propose (bench/costs.py times it: the loop's work
-  beside the proposal and the target's forward)."""
+  beside the proposal and the target's forward). A fixed method only: adaptive control
+  chooses among such iterations."""
+  if method.is_adaptive:
+    raise ValueError(f'iteration runs one fixed method, not adaptive control ({method.name})')
   return _every_iteration(params, state, LoopSpec(cfg, method, sampling, eos_id, drafter))
 
 

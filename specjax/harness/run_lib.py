@@ -193,7 +193,7 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
     + ', '.join(f'{g}: {verify[g] / step:.2f}' for g in sorted(verify))
   )
   for spec, c in costs.items():
-    units = ', '.join(f'{g}: {c.units(g)[0]:.2f}' for g in sorted(c.draft_ms))
+    units = ', '.join(f'{g}: {c.draft_ms[g] / step:.2f}' for g in sorted(c.draft_ms))
     units += ''.join(
       f'; tree {t}: draft/step {d / step:.2f}, verify/step {v / step:.2f}'
       for t, (d, v) in c.tree_ms.items()
@@ -247,10 +247,13 @@ def tune_kernels(config, engines, methods, trees_of, cache_size: int, say, quick
 
 def catch_up_cost(spec: str, costs) -> float:
   """What adaptive control charges per skipped token a draft feeds when it drafts again
-  (target steps): a draft with state of its own to catch up on (its kind has a `resync`:
-  draft models, feature heads) is charged a draft step per token, c, what feeding them one
-  at a time costs (a chunk is usually cheaper per token); prompt lookup nothing."""
-  return round(costs.c, 4) if registry.parse_draft(spec)[0].resync is not None else 0.0
+  (plain iterations, Costs.units' unit): a draft with state of its own to catch up on (its
+  kind has a `resync`: draft models, feature heads) is charged a draft step per token, c,
+  what feeding them one at a time costs (a chunk is usually cheaper per token); prompt
+  lookup nothing."""
+  if registry.parse_draft(spec)[0].resync is None:
+    return 0.0
+  return round(costs.c * costs.target_ms / costs.plain_ms, 4)
 
 
 def skip_hopeless(config, engines, methods, costs, say) -> list:

@@ -5,7 +5,7 @@ draft does (its blocks exactly as stored, any other matrix rounded to q8_0, 8-bi
 activations). Its cost is timed against the reference's: one plain reference step, one
 (gamma + 1)-token verification and gamma proposals of the candidate, interleaved in rounds
 (bench/costs.measure_drafts, the fastest of `repeats`). The speedup it would give is the
-tokens per call the probe measured over that cost, in reference steps:
+tokens per call the probe measured over that cost, in plain reference steps (Costs.units):
 
     speedup = tokens_per_call / (draft(gamma) + verify(gamma))
 
