@@ -68,12 +68,12 @@ def cost_line(costs: Mapping) -> str:
   verify = ', '.join(f'{g + 1}: {measured.units(g)[1]:.2f}' for g in control.gammas)
   said = (
     f'measured here: target step {measured.target_ms:.1f} ms; '
-    f"verifying n tokens costs (plain steps, the loop's own work included) {verify}"
+    f'verifying n tokens costs (steps) {verify}'
   )
   if not control.can_pay:
     return (
       f'speculation cannot pay on this CPU: no draft length emits more tokens than its '
-      f'verification costs plain steps, even if every draft token were accepted ({said}), '
+      f'verification costs target steps, even if every draft token were accepted ({said}), '
       'so adaptive control kept it off'
     )
   pays = [g for g, top in zip(control.gammas, control.ceilings) if top > 1 + control.hysteresis]
