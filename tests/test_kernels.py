@@ -53,7 +53,8 @@ def fresh(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
   'x_shape,n',  # K = 576, 1000, 1536: the kn kernel's parts of 8, 4 and single rows
   [((1, 576), 1001), ((2, 576), 1536), ((1, 3, 40), 64), ((4, 16), 5), ((2, 2, 100), 37),
-   ((5, 576), 192), ((9, 64), 200), ((33, 48), 70), ((3, 1000), 70), ((2, 1536), 576)],
+   ((5, 576), 192), ((9, 64), 200), ((33, 48), 70), ((3, 1000), 70), ((2, 1536), 576),
+   ((7, 90), 9)],  # 7 rows: the nk tiles' last rows after a full tile; N = 9 with a tail
 )  # fmt: skip
 def test_every_path_equals_the_product(isa, kind, x_shape, n):
   assert cpu.library(isa) is not None, cpu.status()

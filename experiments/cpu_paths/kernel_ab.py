@@ -1,6 +1,7 @@
 r"""Two builds of the CPU kernels side by side in one process, interleaved: this checkout's
 against another source tree or this one with build defines (the B build). Times the float32
 kn product (`--kind kn`: a layer weight [K, N] against 1-9 rows) at SmolLM2-135M's shapes,
+the nk product (`--kind nk`: the tied head [V, K], 113 MB),
 the quantized draft's block products (`--kind q4_1`, `--kind q8_0`: its layers and its
 head), or attention (`--kind attn`: 1-9 queries per head, 3 KV heads, a half-full cache), each
 streaming its operands from memory as a forward does. Products: medians of --rounds
@@ -10,6 +11,7 @@ interleaved timings of both builds on the same weights; attention: of 3 (kernels
   python experiments/cpu_paths/kernel_ab.py --kind kn --defines=-DSPECJAX_KN_TILE_ROWS=1000
   python experiments/cpu_paths/kernel_ab.py --kind attn --other /path/to/old/checkout
   python experiments/cpu_paths/kernel_ab.py --kind q4_1 --rows 1,2 --other /path/to/old/checkout
+  python experiments/cpu_paths/kernel_ab.py --kind nk --rows 1,2,3,5,9 --other /path/to/old/checkout
   python experiments/cpu_paths/kernel_ab.py --defines='-DSPECJAX_KN_JB=2 -DSPECJAX_KN_MB=6'
 
 SPECJAX_KN_TILE_ROWS=1000 turns the kn row tiles off (the one-row path for every row
@@ -29,7 +31,7 @@ from absl import app, flags
 from specjax.kernels import cpu
 from specjax.models import llama
 
-flags.DEFINE_enum('kind', 'kn', ['kn', 'q4_1', 'q8_0', 'attn'], 'What to time.')
+flags.DEFINE_enum('kind', 'kn', ['kn', 'nk', 'q4_1', 'q8_0', 'attn'], 'What to time.')
 flags.DEFINE_string('other', '', 'Source root of the B build (default: this checkout).')
 flags.DEFINE_string('defines', '', 'Compiler flags of the B build, e.g. -DSPECJAX_KN_JB=2.')
 flags.DEFINE_list('rows', ['2', '3', '5', '9'], 'Rows of x (kn) or queries per head (attn).')
@@ -41,6 +43,7 @@ FLAGS = flags.FLAGS
 
 SHAPES = {  # SmolLM2-135M's products of each kind, as the engines hold them (q|k|v joined)
   'kn': ['576x576', '192x576', '1536x576', '576x1536', '960x576'],
+  'nk': ['49152x576'],  # the head (tied to the embeddings)
   'q4_1': ['960x576', '576x576', '3072x576', '576x1536'],  # layers (gate|up joined)
   'q8_0': ['49152x576'],  # the head
 }
@@ -64,7 +67,7 @@ def products(isa: str, rows: int, shape) -> tuple[float, float]:
   """Microseconds per product of this build and of B, timed in turn round by round on the
   same weights (copies of them, 64 MB in all, streamed from memory as a forward does)."""
   n, k = shape
-  per_weight = {'kn': 4, 'q4_1': 20 / 32, 'q8_0': 34 / 32}[FLAGS.kind]
+  per_weight = {'kn': 4, 'nk': 4, 'q4_1': 20 / 32, 'q8_0': 34 / 32}[FLAGS.kind]
   copies = int(min(32, max(1, cpu.STREAM_BYTES // (n * k * per_weight))))
   args = cpu._operands(FLAGS.kind, n, k, rows, copies)
   a, b = (cpu._chain(lambda *w, p=p: cpu._call(FLAGS.kind, p, *w)) for p in (isa, isa + 'B'))

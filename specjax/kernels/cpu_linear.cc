@@ -49,6 +49,18 @@ constexpr int64_t kMaxRows = 1 << 20;  // rows of x the kernels accept (dispatch
 
 // ---- w[N, K] (out, in) --------------------------------------------------------------
 
+#if defined(__AVX2__) && defined(__FMA__)
+// A tile reads four weight rows side by side; the first pass over them (m0 == 0) also
+// fetches the cache line at the same k of the next four, so the next tile's weights are
+// on their way while this one computes. Without it the tiles' FMAs and the weights'
+// stream took turns: from 2 rows of x the head (49152 x 576) ran 1.2-1.4x slower on the Xeon
+// of BENCHMARKS.md (experiments/cpu_paths/results/nk_prefetch_xeon.txt).
+inline void NkPrefetchNext(const float* const wr[4], int64_t k_dim, int64_t k) {
+  for (int r = 0; r < 4; ++r)
+    _mm_prefetch(reinterpret_cast<const char*>(wr[r] + 4 * k_dim + k), _MM_HINT_T0);
+}
+#endif
+
 #if defined(__AVX512F__)
 // Weight rows [n, n + 4) against rows [m0, m0 + MB) of x.
 template <int MB>
@@ -60,7 +72,9 @@ inline void NkTile(const float* x, const float* w, float* y, int64_t k_dim, int6
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
   const int64_t k_vec = k_dim / 16 * 16;
+  const bool fetch = m0 == 0 && n + 8 <= n_dim;
   for (int64_t k = 0; k < k_vec; k += 16) {
+    if (fetch) NkPrefetchNext(wr, k_dim, k);
     const __m512 v0 = _mm512_loadu_ps(wr[0] + k), v1 = _mm512_loadu_ps(wr[1] + k);
     const __m512 v2 = _mm512_loadu_ps(wr[2] + k), v3 = _mm512_loadu_ps(wr[3] + k);
     for (int i = 0; i < MB; ++i) {
@@ -93,7 +107,9 @@ inline void NkTile(const float* x, const float* w, float* y, int64_t k_dim, int6
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
   const int64_t k_vec = k_dim / 8 * 8;
+  const bool fetch = m0 == 0 && n + 8 <= n_dim;
   for (int64_t k = 0; k < k_vec; k += 8) {
+    if (fetch && k % 16 == 0) NkPrefetchNext(wr, k_dim, k);
     const __m256 v0 = _mm256_loadu_ps(wr[0] + k), v1 = _mm256_loadu_ps(wr[1] + k);
     const __m256 v2 = _mm256_loadu_ps(wr[2] + k), v3 = _mm256_loadu_ps(wr[3] + k);
     for (int i = 0; i < MB; ++i) {
@@ -126,7 +142,14 @@ void NkChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k
       int64_t m0 = 0;
       for (; m0 + kNkRows <= m_rows; m0 += kNkRows)
         NkTile<kNkRows>(x, w, y, k_dim, n_dim, n, m0);
-      for (; m0 < m_rows; ++m0) NkTile<1>(x, w, y, k_dim, n_dim, n, m0);
+      switch (m_rows - m0) {  // the rows past the last full tile, in one tile
+        case 1: NkTile<1>(x, w, y, k_dim, n_dim, n, m0); break;
+#if defined(__AVX512F__)
+        case 2: NkTile<2>(x, w, y, k_dim, n_dim, n, m0); break;
+        case 3: NkTile<3>(x, w, y, k_dim, n_dim, n, m0); break;
+#endif
+        default: break;
+      }
     }
   }
 #endif
