@@ -158,6 +158,31 @@ def test_predicted_tokens_leave_out_those_cut_at_the_end_of_a_text():
   assert predicted(8) == pytest.approx(predicted(11) * 7 / 10)  # 3 cut at max_new / EOS
 
 
+def test_the_runs_own_plain_iteration_is_the_unit_when_there_is_one():
+  """predict(plain_ms=...): the timed pieces scaled by the timed plain iteration over the
+  run's own (autoregressive decoding's), a plain step of adaptive control left at 1."""
+  c = cost_model.Costs(
+    batch=1, cache_size=64, target_ms=10.0, draft_ms={4: 8.0}, verify_ms={4: 12.0},
+    overhead_ms={0: 0.0, 4: 2.0},
+  )  # fmt: skip
+  recs = [{'accepted': [4, 4, 0], 'drafted': [4, 4, 0], 'new_tokens': 12}]
+
+  def predicted(plain_ms):
+    m = types.SimpleNamespace(alpha=1.0, iteration_ms=20.0)
+    metrics.predict(m, recs, c, 4, adaptive=True, plain_ms=plain_ms)
+    return m
+
+  timed, run = predicted(None), predicted(8.0)  # the run's plain iteration: 8 ms, not 10
+  # 11 tokens; two drafts of (8 + 12 + 2) / 10 and a plain step of 1 in the timed unit,
+  # each draft 22 / 8 in the run's.
+  assert timed.predicted_speedup == pytest.approx(11 / (2 * 2.2 + 1))
+  assert run.predicted_speedup == pytest.approx(11 / (2 * 22 / 8 + 1))
+  # The split stays in milliseconds: the timed drafts', the plain step at the run's 8.
+  assert run.time_split_ms['draft'] == pytest.approx(16 / 3)
+  assert run.time_split_ms['verify'] == pytest.approx((24 + 8) / 3)
+  assert run.time_split_ms['loop'] == pytest.approx(4 / 3)
+
+
 def test_the_loops_own_work_counts_against_speculation_in_plain_iterations():
   """Measured overhead (the verifier, the commit, the draft's update) is added to each
   speculative iteration's cost, and a plain iteration (step and its overhead) is the unit."""
@@ -240,3 +265,25 @@ def test_a_whole_iteration_is_timed_as_the_loop_runs_it():
   _, measured = costs.measure_drafts(params, cfg, drafts, 1, 128, repeats=2, verifier='greedy')
   for c in measured.values():
     assert set(c.overhead_ms) == {0, *c.draft_ms} and min(c.overhead_ms.values()) >= 0
+
+
+def test_a_multilevel_drafts_steps_are_timed_one_by_one():
+  """measure_drafts times a multi-level drafter's first, narrow and wide steps
+  (timer_level_step) for the per-level prediction, and records its k."""
+  from specjax.drafters import multilevel as ml  # noqa: PLC0415
+
+  cfg, params = testing.tiny_model(seed=3, n_layers=3)
+  upper_cfg, upper = truncated_target(cfg, params, 2)
+  drafter = ml.MultiLevelDrafter(ModelDrafter(upper_cfg), NgramDrafter(cfg.vocab_size), k=2)
+  draft_params = {'upper': upper, 'lower': None}
+  for kind in costs.LEVEL_STEPS:
+    assert 0 < costs.timer_level_step(drafter, draft_params, params, cfg, 1, 3, 64, kind, inner=2)()
+  with pytest.raises(ValueError, match='kind must be'):
+    costs.timer_level_step(drafter, draft_params, params, cfg, 1, 3, 64, 'sideways', inner=2)
+  _, measured = costs.measure_drafts(
+    params, cfg, {'m': (drafter, draft_params, (3,))}, 1, 64, repeats=1
+  )
+  c = measured['m']
+  assert set(c.level_ms) == set(costs.LEVEL_STEPS) and c.level_k == 2
+  assert min(c.level_ms.values()) > 0
+  assert cost_model.Costs.from_json(c.to_json()) == c

@@ -131,6 +131,32 @@ def test_a_lower_level_that_is_the_upper_model_keeps_every_token(target, monkeyp
   out = engine.generate(PROMPTS[:1], Method.chain(6, 'greedy'), max_new_tokens=24)
   assert out.tokens == reference.tokens
   assert len(kept) >= 4 and np.mean(kept) > 0.9 * 3, kept
+  counts = out.draft_counts[0]  # what the drafter counted: every round kept all k
+  assert counts['lower_rejected'] == 0 and counts['lower_kept'] >= 3 * counts['wide'] > 0
+
+
+@pytest.mark.parametrize('lower', ['ngram 3', 'one layer'])
+def test_the_counters_account_for_every_drafted_token(target, lower):
+  """Drafter.counters: a proposal is one first step (one token), narrow steps (one each)
+  and wide steps (the lower tokens kept, and one more), so per row the tokens the steps
+  drew cover every proposal's gamma and overshoot it by at most k each."""
+  cfg, params = target
+  drafter, draft_params = levels(target, lower, k=3)
+  engine = Engine(params, cfg, eos_id=-1, cache_size=64, drafter=drafter, draft_params=draft_params)
+  gamma = 5
+  out = engine.generate(PROMPTS[:1], Method.chain(gamma, 'greedy'), max_new_tokens=24)
+  c = out.draft_counts[0]
+  assert set(c) == set(ml.COUNTS)
+  proposals = sum(d > 0 for d in out.drafted[0])
+  assert c['first'] == proposals > 0
+  drawn = c['first'] + c['narrow'] + c['wide'] + c['lower_kept']
+  assert proposals * gamma <= drawn <= proposals * (gamma + 3), (c, proposals)
+  assert c['lower_rejected'] <= c['wide'] and c['wide'] > 0
+  if lower == 'ngram 3':  # a lookup of 3-grams misses at some steps: narrow steps too
+    assert c['narrow'] > 0
+  # The target alone counts nothing.
+  plain = Engine(params, cfg, eos_id=-1, cache_size=64).generate(PROMPTS[:1], max_new_tokens=4)
+  assert plain.draft_counts == []
 
 
 def _proposals(upper, lower, sampling, seed=0):
@@ -235,3 +261,69 @@ def test_the_rounds_formula_equals_a_simulation_of_the_rounds():
   )
   # A perfect lower level at k = 3: gamma 4 in the first step and one round of 4 rows.
   assert cost_model.multilevel_speedup(1.0, 4, 1.0, 3, 0.3, 0.4, 1.3) == pytest.approx(5 / 2.0)
+
+
+def test_the_steps_formula_equals_a_simulation_of_lookups_that_miss():
+  """cost_model.multilevel_steps: narrow steps where the lower level finds nothing (with
+  probability 1 - hit), wide ones where it proposes; hit = 1 is multilevel_rounds."""
+  from specjax.control import cost_model  # noqa: PLC0415
+
+  rng = np.random.default_rng(1)
+  for hit, alpha, k, gamma in [
+    (0.5, 0.6, 3, 8),
+    (0.2, 0.9, 3, 12),
+    (0.9, 0.3, 2, 5),
+    (0.0, 1, 3, 6),
+  ]:
+    narrow, wide = [], []
+    for _ in range(4000):
+      filled, n, w = 1, 0, 0
+      while filled < gamma:
+        if rng.random() < hit:
+          kept = 0
+          while kept < k and rng.random() < alpha:
+            kept += 1
+          filled, w = filled + kept + 1, w + 1
+        else:
+          filled, n = filled + 1, n + 1
+      narrow.append(n)
+      wide.append(w)
+    got = cost_model.multilevel_steps(gamma, k, hit, alpha)
+    assert got == pytest.approx((np.mean(narrow), np.mean(wide)), abs=0.06), (hit, alpha, got)
+  assert cost_model.multilevel_steps(8, 3, 0.0, 0.5) == (7.0, 0.0)
+  assert cost_model.multilevel_steps(9, 3, 1.0, 0.7)[1] == pytest.approx(
+    cost_model.multilevel_rounds(0.7, 3, 9)
+  )
+
+
+def test_a_multilevel_prediction_counts_its_steps_at_the_runs_rates():
+  """metrics.predict: a multi-level drafter's proposal costs its first step and the
+  narrow and wide steps its lower level's measured hit rate and acceptance imply, not
+  the proposal timed before the run; level_stats reports the counted steps beside them."""
+  from specjax.bench import metrics  # noqa: PLC0415
+  from specjax.control import cost_model  # noqa: PLC0415
+
+  c = cost_model.Costs(
+    batch=1, cache_size=64, target_ms=10.0, draft_ms={1: 2.0, 4: 5.0}, verify_ms={1: 11.0, 4: 12.0},
+    level_ms={'first': 1.5, 'narrow': 1.0, 'wide': 3.0}, level_k=2,
+  )  # fmt: skip
+  assert cost_model.Costs.from_json(c.to_json()) == c
+
+  def run(counts):
+    m = types.SimpleNamespace(alpha=1.0, iteration_ms=30.0)
+    recs = [{'accepted': [4, 4], 'drafted': [4, 4], 'new_tokens': 11, 'draft_counts': counts}]
+    metrics.predict(m, recs, c, 4, adaptive=False)
+    return m
+
+  # Lookups that never hit: the first step (the proposal at gamma 1: 2 ms) and 3 narrow.
+  m = run({'first': 2, 'narrow': 6, 'wide': 0, 'lower_kept': 0, 'lower_rejected': 0})
+  assert m.levels['hit'] == 0 and m.levels['narrow_per_proposal'] == 3
+  assert m.levels['expected_narrow_per_proposal'] == pytest.approx(3)
+  assert m.predicted_speedup == pytest.approx(5 / ((2 + 3 * 1.0 + 12) / 10))
+  # Always a hit, every lower token kept (k = 2): one wide step fills 1 + 3 >= 4.
+  m = run({'first': 2, 'narrow': 0, 'wide': 2, 'lower_kept': 4, 'lower_rejected': 0})
+  assert m.levels['alpha_lower'] == 1 and m.levels['expected_wide_per_proposal'] == 1
+  assert m.predicted_speedup == pytest.approx(5 / ((2 + 3.0 + 12) / 10))
+  # Without counts (another drafter) the timed proposal stands.
+  m = run({})
+  assert m.levels is None and m.predicted_speedup == pytest.approx(5 / ((5 + 12) / 10))

@@ -61,6 +61,9 @@ def _timer(fn, args, inner: int):
   return run
 
 
+LEVEL_STEPS = ('first', 'narrow', 'wide')  # a multi-level drafter's steps (Costs.level_ms)
+
+
 def timer_forward(
   params, cfg, batch: int, tokens: int, cache_size: int, layers=None, inner: int = 8, forward=None
 ):
@@ -232,6 +235,41 @@ def timer_iteration(
   return (fn, args) if runner else _timer(fn, args, inner)
 
 
+def timer_level_step(
+  drafter,
+  draft_params,
+  target_params,
+  cfg,
+  batch: int,
+  gamma: int,
+  cache_size: int,
+  kind: str,
+  sampling: SamplingConfig = SamplingConfig(),
+  inner: int = 8,
+):
+  """A timer of one `kind` step ('first', 'narrow', 'wide') of a multi-level drafter's
+  proposal (drafters/multilevel.py `step_for_timing`), on a state after a prompt that
+  fills half the cache (_prefilled). The per-level cost model
+  (cost_model.multilevel_draft_units) counts proposals in these steps."""
+  method = Method.chain(gamma)
+  state = _prefilled(drafter, draft_params, target_params, cfg, batch, cache_size, sampling, method)
+
+  def many(draft_params, state, draft_state):
+    step, carry = drafter.step_for_timing(draft_params, draft_state, state, gamma, sampling, kind)
+
+    def body(i, c):
+      c = step(c.replace(key=jax.random.fold_in(c.key, i)))
+      return c
+
+    out = jax.lax.fori_loop(0, inner, body, carry)
+    acc = out.toks[:, 0] + out.counts[:, 0] + (out.qs[:, 0, 0] > 0.5)  # keep them live
+    return acc, draft_state.replace(upper=draft_state.upper.replace(cache=out.cache))
+
+  fn = jax.jit(many, donate_argnums=2)
+  detached = state.replace(spec=state.spec.replace(draft=None), cache=None)
+  return _timer(fn, (draft_params, detached, state.spec.draft), inner)
+
+
 def fastest(pieces: Mapping, repeats: int = 5) -> dict:
   """{key: ms} the fastest of `repeats` rounds of the timers `pieces` ({key: timer}); each
   round runs every piece once, so a burst of other work on the machine hits them alike."""
@@ -341,6 +379,12 @@ def measure_drafts(
       pieces[name, 'iteration', g] = timer_iteration(
         drafter, draft_params, target_params, cfg, batch, g, cache_size, sampling, verifier
       )
+    if hasattr(drafter, 'step_for_timing') and gammas:  # a multi-level drafter's steps
+      for kind in LEVEL_STEPS:
+        pieces[name, 'level', kind] = timer_level_step(
+          drafter, draft_params, target_params, cfg, batch, max(gammas), cache_size, kind,
+          sampling,
+        )  # fmt: skip
     for t in trees:
       pieces[name, t.text] = timer_propose(
         drafter,
@@ -354,21 +398,26 @@ def measure_drafts(
         tree=TreeSpec(shape=t),
       )
   best = fastest(pieces, repeats)
-  step = best['step', 0]
-  out = {}
-  for name, (_, _, gammas, *rest) in drafts.items():
-    trees = rest[0] if rest else ()
-    ratio = _in_loop(best, name, gammas)
-    out[name] = Costs(
-      batch=batch,
-      cache_size=cache_size,
-      target_ms=step,
-      draft_ms={g: best[name, g] * ratio for g in gammas},
-      verify_ms={g: best['verify', g] for g in gammas},
-      tree_ms={t.text: (best[name, t.text], best['verify', t.size]) for t in trees},
-      overhead_ms=_overheads(best, name, gammas),
-    )
-  return step, out
+  out = {name: _costs(best, name, draft, batch, cache_size) for name, draft in drafts.items()}
+  return best['step', 0], out
+
+
+def _costs(best: dict, name: str, draft: tuple, batch: int, cache_size: int) -> Costs:
+  """The Costs of the draft `name` = (drafter, params, gammas[, trees]) from the timings."""
+  drafter, _, gammas, *rest = draft
+  trees = rest[0] if rest else ()
+  ratio = _in_loop(best, name, gammas)
+  return Costs(
+    batch=batch,
+    cache_size=cache_size,
+    target_ms=best['step', 0],
+    draft_ms={g: best[name, g] * ratio for g in gammas},
+    verify_ms={g: best['verify', g] for g in gammas},
+    tree_ms={t.text: (best[name, t.text], best['verify', t.size]) for t in trees},
+    overhead_ms=_overheads(best, name, gammas),
+    level_ms={k: best[name, 'level', k] * ratio for k in LEVEL_STEPS if (name, 'level', k) in best},
+    level_k=drafter.k if hasattr(drafter, 'step_for_timing') else 0,
+  )
 
 
 def _overheads(best: dict, name: str, gammas) -> dict[int, float]:

@@ -191,6 +191,7 @@ def row_record(out, row: int, method: str = '', batch: int = 0) -> dict:
     'batch_steps': out.steps,
     'switches': out.switches,
     'untrusted': out.untrusted[row] if out.untrusted else 0,
+    'draft_counts': out.draft_counts[row] if out.draft_counts else {},
     'latency_ms': 1e3 * (out.prefill_seconds + out.decode_seconds),
     'decode_tokens_per_second': out.decode_tokens_per_second,
   }
@@ -240,6 +241,10 @@ class Summary:
   c: float | None = None
   predicted_speedup: float | None = None
   time_split_ms: dict[str, float] | None = None
+  # A multi-level drafter's levels as the run counted them (level_stats): the lower
+  # level's hit rate and acceptance, and the upper model's steps per proposal, counted
+  # beside what the cost model expects from those rates (cost_model.multilevel_steps).
+  levels: dict[str, float] | None = None
   near_ties: int | None = None  # greedy mismatches that start at a near-tie
   # Per draft position i = 1..gamma (position_counts): iterations that drafted a token at
   # position i, those that accepted it, and their ratio (None where never drafted).
@@ -302,7 +307,9 @@ def summarize_method(recs, baseline, compile_seconds: float | None = None) -> Su
   )
 
 
-def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: bool) -> None:
+def predict(
+  m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: bool, plain_ms=None
+) -> None:
   """Fills in the cost model's speedup and time split for a method (in place).
 
   Iterations are weighted as they ran: one that verified d drafts emits the tokens the
@@ -316,9 +323,18 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
   output: the predicted tokens are scaled by the fraction of kept tokens that were (the
   records' new tokens, less the prefill's one, over their iterations' accepted + 1). On
   HumanEval at 128 tokens counting them overstated the speedup by ~3%.
+
+  `plain_ms`: the run's own plain iteration (autoregressive decoding's iteration_ms), the
+  unit instead of the plain iteration timed before the run: every timed piece is scaled
+  by their ratio. Timed before decoding, the target's step ran 4% slower than in the
+  run's own loop on the Xeon of BENCHMARKS.md (20.11 against 19.33 ms), which put every
+  prediction about that much too high.
   """
   alpha = m.alpha or 0.0
-  table = costs.table()
+  scale = costs.plain_ms / plain_ms if plain_ms else 1.0  # timed units -> the run's
+  table = {d: (dc * scale, vc * scale if d else vc) for d, (dc, vc) in costs.table().items()}
+  levels = level_stats(recs, costs)
+  m.levels = levels
   pairs = [(a, d) for r in recs for a, d in zip(r['accepted'], r['drafted']) if d > 0]
   accept = cost_model.position_acceptance(pairs, max(table))
   tokens = draft = verify = loop = 0.0  # in plain iterations (Costs.units)
@@ -330,17 +346,21 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
       n += 1
       if d:
         dc, vc = table[d]
+        if levels:  # a multi-level drafter: its steps at its levels' measured rates
+          dc = scale * cost_model.multilevel_draft_units(
+            costs, d, levels['hit'], levels['alpha_lower']
+          )
         tokens += cost_model.expected_tokens_by_position(accept, d, alpha)
       else:
         dc, vc = (0.0 if adaptive else table[gamma][0]), 1.0
         tokens += 1
       draft += dc
       verify += vc
-      loop += costs.loop_units(d)  # (counted within vc)
+      loop += costs.loop_units(d) * (scale if d else 1.0)  # (counted within vc)
   kept = sum(a + 1 for r in recs for a in r['accepted'])
   if kept:
     tokens *= min(1.0, sum(r['new_tokens'] - 1 for r in recs) / kept)
-  per_iter = lambda units: units * costs.plain_ms / max(n, 1)
+  per_iter = lambda units: units * (plain_ms or costs.plain_ms) / max(n, 1)
   m.c = costs.c
   m.predicted_speedup = float(cost_model.speedup(tokens, draft, verify)) if n else 0.0
   m.time_split_ms = {
@@ -348,6 +368,40 @@ def predict(m: Summary, recs, costs: cost_model.Costs, gamma: int, adaptive: boo
     'verify': per_iter(verify - loop),
     'loop': per_iter(loop),
     'other': m.iteration_ms - per_iter(draft + verify),
+  }
+
+
+def level_stats(recs, costs: cost_model.Costs) -> dict[str, float] | None:
+  """A multi-level drafter's counts over `recs` (their `draft_counts`, Drafter.counters):
+  `hit`, the share of the upper model's steps after a proposal's first at which the lower
+  level proposed (wide steps); `alpha_lower`, the share of the lower level's tokens the
+  upper model kept, as a per-token rate (kept / (kept + rounds that rejected one)); the
+  counted narrow and wide steps per proposal beside those the cost model expects at the
+  run's gammas from the two rates. None unless the records and `costs` have them."""
+  counts = [r.get('draft_counts') or {} for r in recs]
+  if not costs.level_k or not counts or not all('wide' in c for c in counts):
+    return None
+  total = {k: sum(c[k] for c in counts) for k in counts[0]}
+  steps = total['narrow'] + total['wide']
+  trials = total['lower_kept'] + total['lower_rejected']
+  hit = total['wide'] / steps if steps else 0.0
+  alpha_lower = total['lower_kept'] / trials if trials else 0.0
+  proposals = max(total['first'], 1)
+  expected = [
+    cost_model.multilevel_steps(d, costs.level_k, hit, alpha_lower)
+    for r in recs
+    for d in r['drafted']
+    if d
+  ]
+  n = max(len(expected), 1)
+  return {
+    'hit': hit,
+    'alpha_lower': alpha_lower,
+    'k': costs.level_k,
+    'narrow_per_proposal': total['narrow'] / proposals,
+    'wide_per_proposal': total['wide'] / proposals,
+    'expected_narrow_per_proposal': sum(e[0] for e in expected) / n,
+    'expected_wide_per_proposal': sum(e[1] for e in expected) / n,
   }
 
 
@@ -406,6 +460,9 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
   first = records['autoregressive'] if compared else next(iter(records.values()))
   categories = sorted({r['category'] for r in first})
   out = {}
+  plain_ms = None
+  if compared:  # the run's own plain iteration: the cost model's unit (predict)
+    plain_ms = summarize_method(first, first, compile_seconds['autoregressive']).iteration_ms
   for name, recs in records.items():
     baseline = first if compared else recs
     m = out[name] = summarize_method(recs, baseline, compile_seconds[name])
@@ -415,15 +472,17 @@ def summarize(records: Mapping[str, list[dict]], compile_seconds, plans=None, co
       m.draft, m.tree, m.alpha = plan.draft, tree, None
     elif plan is not None and plan.draft in costs:
       m.draft, m.adaptive = plan.draft, plan.is_adaptive
-      predict(m, recs, costs[plan.draft], plan.gamma, plan.is_adaptive)
+      predict(m, recs, costs[plan.draft], plan.gamma, plan.is_adaptive, plain_ms)
     for cat in categories:
       pick = [i for i, r in enumerate(baseline) if r['category'] == cat]
       sub = summarize_method([recs[i] for i in pick], [baseline[i] for i in pick])
       if tree:
         sub.alpha = None
       elif plan is not None and plan.draft in costs:
-        predict(sub, [recs[i] for i in pick], costs[plan.draft], plan.gamma, plan.is_adaptive)
-        sub.c = sub.time_split_ms = None
+        predict(
+          sub, [recs[i] for i in pick], costs[plan.draft], plan.gamma, plan.is_adaptive, plain_ms
+        )
+        sub.c = sub.time_split_ms = sub.levels = None
       m.categories[cat] = sub
   if not compared:
     for m in out.values():

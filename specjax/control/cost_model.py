@@ -45,6 +45,10 @@ class Costs:
   # forward (verifier, commit, the drafter's update, the loop's dispatch); 0: a plain
   # step's beyond its forward. Empty where not measured (then taken as 0).
   overhead_ms: dict[int, float] = dataclasses.field(default_factory=dict)
+  # A multi-level drafter's steps ('first', 'narrow', 'wide': drafters/multilevel.py) ->
+  # ms, and its lower level's tokens per round; empty and 0 for other drafts.
+  level_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+  level_k: int = 0
 
   @property
   def plain_ms(self) -> float:
@@ -98,6 +102,8 @@ class Costs:
       verify_ms={int(g): v for g, v in data['verify_ms'].items()},
       tree_ms={k: tuple(v) for k, v in data.get('tree_ms', {}).items()},
       overhead_ms={int(g): v for g, v in data.get('overhead_ms', {}).items()},
+      level_ms=dict(data.get('level_ms', {})),
+      level_k=int(data.get('level_k', 0)),
     )
 
   def to_json(self) -> dict:
@@ -109,6 +115,8 @@ class Costs:
       'verify_ms': {str(g): v for g, v in self.verify_ms.items()},
       'tree_ms': {k: list(v) for k, v in self.tree_ms.items()},
       'overhead_ms': {str(g): v for g, v in self.overhead_ms.items()},
+      'level_ms': dict(self.level_ms),
+      'level_k': self.level_k,
       'c': self.c,
     }
 
@@ -280,6 +288,43 @@ def multilevel_rounds(alpha: float, k: int, gamma: int) -> float:
   for filled in range(gamma - 1, 0, -1):
     rounds[filled] = 1 + sum(p * rounds[filled + j + 1] for j, p in enumerate(kept))
   return float(rounds[1])
+
+
+def multilevel_steps(gamma: int, k: int, hit: float, alpha_lower: float) -> tuple[float, float]:
+  """(expected narrow steps, expected wide steps) of a multi-level drafter's proposal of
+  gamma tokens after its first step (drafters/multilevel.py): at each step the lower level
+  proposes k tokens with probability `hit` (a wide step: the upper model keeps j < k of
+  them with probability alpha_lower^j (1 - alpha_lower), all k with alpha_lower^k, and adds
+  one of its own) or finds none (a narrow step: one token). multilevel_rounds is hit = 1."""
+  a = min(max(alpha_lower, 0.0), 1.0)
+  kept = [a**j * (1 - a) for j in range(k)] + [a**k]
+  narrow = np.zeros(gamma + k + 2)  # from `filled` tokens on; 0 once gamma are drafted
+  wide = np.zeros(gamma + k + 2)
+  for filled in range(gamma - 1, 0, -1):
+    ahead = [filled + j + 1 for j in range(k + 1)]
+    narrow[filled] = (1 - hit) * (1 + narrow[filled + 1]) + hit * sum(
+      p * narrow[f] for p, f in zip(kept, ahead)
+    )
+    wide[filled] = (1 - hit) * wide[filled + 1] + hit * (
+      1 + sum(p * wide[f] for p, f in zip(kept, ahead))
+    )
+  return float(narrow[1]), float(wide[1])
+
+
+def multilevel_draft_units(
+  costs: Costs, gamma: int, hit: float, alpha_lower: float
+) -> float | None:
+  """A multi-level drafter's proposal of gamma tokens in plain-iteration units, from its
+  measured steps (Costs.level_ms) and its lower level's measured `hit` rate and
+  acceptance (multilevel_steps): its first step (the whole proposal at gamma 1 where
+  timed: the lower level's opening lookup included) and the expected narrow and wide
+  steps after it. None without measured steps."""
+  ms = costs.level_ms
+  if not {'first', 'narrow', 'wide'} <= set(ms) or costs.level_k < 1:
+    return None
+  first = costs.draft_ms.get(1, ms['first'])
+  narrow, wide = multilevel_steps(gamma, costs.level_k, hit, alpha_lower)
+  return (first + narrow * ms['narrow'] + wide * ms['wide']) / costs.plain_ms
 
 
 def multilevel_speedup(

@@ -144,6 +144,12 @@ class Drafter(abc.ABC):
     del draft_state
     return jnp.asarray(True)
 
+  def counters(self, draft_state) -> dict[str, jax.Array]:
+    """{name: [B] int} the drafter counted over a decode (its runs' records keep them as
+    `draft_counts`): none by default; a multi-level drafter counts its levels' steps."""
+    del draft_state
+    return {}
+
 
 class TreeDrafter(Drafter):
   """A drafter that also drafts token trees (tree methods need one: decode/method.check)."""

@@ -56,6 +56,8 @@ class GenerationOutput:
   # Per row: iterations whose draft handed the verifier an untrusted distribution (NaN,
   # negative, an overflowing total, or 0 at its own proposal); those positions were rejected.
   untrusted: list[int] = dataclasses.field(default_factory=list)
+  # Per row: what the drafter counted (Drafter.counters), e.g. a multi-level drafter's steps.
+  draft_counts: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
   @property
   def num_generated(self) -> int:
@@ -401,7 +403,7 @@ class Engine:
     jax.block_until_ready(state)
     mid = time.perf_counter()
     state = decode(params, state, **static)
-    out_tokens, counts, steps, accepted, drafted, stops, untrusted, finite = fetch(
+    out_tokens, counts, steps, accepted, drafted, stops, untrusted, finite, counters = fetch(
       (
         state.tokens,
         state.num_generated,
@@ -411,6 +413,7 @@ class Engine:
         state.spec.stops,
         state.spec.untrusted,
         state.spec.target_finite,
+        drafter.counters(state.spec.draft) if drafter is not None else {},
       )
     )
     end = time.perf_counter()
@@ -431,6 +434,9 @@ class Engine:
       stops=[] if stops is None else [s[a >= 0].tolist() for s, a in zip(stops, accepted)],
       drafted=_rows(drafted),
       untrusted=[] if untrusted is None else untrusted.tolist(),
+      draft_counts=[{k: int(v[r]) for k, v in counters.items()} for r in range(len(counts))]
+      if counters
+      else [],
       gamma=method.depth,
       switches=switches,
     )

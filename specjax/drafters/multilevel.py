@@ -41,11 +41,18 @@ from specjax.core.contract import Drafter, DraftKind, TargetOut
 from specjax.drafters.model import ModelDrafter, last_two_tokens
 from specjax.verify import common, rejection
 
+# The columns of MultiLevelState.counts (MultiLevelDrafter.counters names them).
+COUNTS = ('first', 'narrow', 'wide', 'lower_kept', 'lower_rejected')
+
 
 @struct.dataclass
 class MultiLevelState:
   upper: Any  # the upper draft model's state (ModelDraftState)
   lower: Any  # the lower level's own state
+  # [B, len(COUNTS)] int32, summed over the decode: the upper model's first, narrow and
+  # wide steps (the batch's, in every row), and per row the lower level's tokens the wide
+  # steps kept and the wide steps that rejected one (while the row was still drafting).
+  counts: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +90,15 @@ class MultiLevelDrafter(Drafter):
       return drafter.init(p, prompt_tokens, prompt_lens, cache_size, constrain, target)
 
     return MultiLevelState(
-      upper=one(self.upper, params['upper']), lower=one(self.lower, params['lower'])
+      upper=one(self.upper, params['upper']),
+      lower=one(self.lower, params['lower']),
+      counts=jnp.zeros((prompt_tokens.shape[0], len(COUNTS)), jnp.int32),
     )
+
+  def counters(self, draft_state) -> dict[str, jax.Array]:
+    """{name: [B] int32} of MultiLevelState.counts (COUNTS): what the cost model's
+    per-level prediction reads (control/cost_model.multilevel_draft_units)."""
+    return {name: draft_state.counts[:, i] for i, name in enumerate(COUNTS)}
 
   def propose(self, params, draft_state, state, key, gamma, sampling):
     k, b, up = self.k, state.tokens.shape[0], self.upper
@@ -113,6 +127,7 @@ class MultiLevelDrafter(Drafter):
       lower=lower,
       key=key,
       proposal=(jnp.zeros((b, k), jnp.int32), None),
+      counts=draft_state.counts,
     )
     # The upper cache holds the text but its last two tokens (ModelDrafter's convention):
     # the first step feeds both and draws one token; from then on it holds all but the
@@ -121,13 +136,51 @@ class MultiLevelDrafter(Drafter):
     carry = jax.lax.while_loop(
       lambda c: jnp.any(c.filled < gamma), lambda c: until_found(run.wide(c)), carry
     )
-    out = MultiLevelState(upper=upper_state.replace(cache=carry.cache), lower=carry.lower)
+    out = MultiLevelState(
+      upper=upper_state.replace(cache=carry.cache), lower=carry.lower, counts=carry.counts
+    )
     return carry.toks[:, :gamma], carry.qs[:, :gamma], out
+
+  def step_for_timing(self, params, draft_state, state, gamma, sampling, kind: str):
+    """(step, carry): one `kind` step of a proposal ('first': the two-row forward that
+    starts it, 'narrow': one row, 'wide': the k + 1-row round), each followed by the lower
+    level's update and proposal, as `propose` runs them; `step(carry)` is a carry from
+    which the same step runs again (the proposal's length and tokens kept, the caches
+    carried), for bench/costs to time a step alone."""
+    if kind not in ('first', 'narrow', 'wide'):
+      raise ValueError(f"multilevel step: kind must be 'first', 'narrow' or 'wide', got {kind!r}")
+    b, up = state.tokens.shape[0], self.upper
+    run = _Steps(self, params, state, gamma, sampling)
+    upper_state = draft_state.upper
+    cache = up.caught_up(params['upper'], upper_state, state) if up.resync else upper_state.cache
+    width = gamma + self.k + 1
+    carry = _Carry(
+      filled=jnp.full((b,), 0 if kind == 'first' else 1, jnp.int32),
+      toks=jnp.zeros((b, width), jnp.int32),
+      qs=jnp.zeros((b, width, up.vocab_size), jnp.float32),
+      cache=cache,
+      lower=draft_state.lower,
+      key=state.key,
+      proposal=(jnp.zeros((b, self.k), jnp.int32), None),
+      counts=draft_state.counts,
+    )
+    last_two = last_two_tokens(upper_state, state)
+    once = {
+      'first': lambda c: run.first(c, last_two),
+      'narrow': run.narrow,
+      'wide': run.wide,
+    }[kind]
+
+    def step(c: _Carry) -> _Carry:  # all but the length and the lower level's proposal
+      return once(c).replace(filled=c.filled, proposal=c.proposal)
+
+    return step, carry
 
   def update(self, draft_state, state, target=TargetOut()):
     return MultiLevelState(
       upper=self.upper.update(draft_state.upper, state, target),
       lower=self.lower.update(draft_state.lower, state, target),
+      counts=draft_state.counts,
     )
 
 
@@ -144,6 +197,7 @@ class _Carry:
   lower: Any
   key: jax.Array
   proposal: Any
+  counts: jax.Array  # MultiLevelState.counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,12 +248,17 @@ class _Steps:
     old_q = jnp.take_along_axis(c.qs, cols[..., None], axis=1)
     qs = c.qs.at[rows, cols].set(jnp.where(write[..., None], q1, old_q))
     filled = jnp.where(live, c.filled + kept + 1, c.filled)
+    kind = 2 if drafted is not None else (0 if inputs.shape[1] == 2 else 1)  # COUNTS' order
+    counts = c.counts.at[:, kind].add(1)
+    if drafted is not None:
+      counts = counts.at[:, 3].add(jnp.where(live, kept, 0))
+      counts = counts.at[:, 4].add((live & (kept < d.k)).astype(jnp.int32))
     text = self.view(filled, toks)
     lower = d.lower.update(c.lower, text, TargetOut())
     drafted, q2, lower = d.lower.propose(
       self.params['lower'], lower, text, k_lower, d.k, self.sampling
     )
-    return _Carry(filled, toks, qs, cache, lower, key, (drafted, q2))
+    return _Carry(filled, toks, qs, cache, lower, key, (drafted, q2), counts)
 
   def last(self, c: _Carry) -> jax.Array:
     """[B, 1]: the text's last token (one this proposal drew: filled >= 1)."""

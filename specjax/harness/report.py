@@ -204,6 +204,23 @@ def format_best_gamma(summary: dict) -> str:
   return '\n'.join(lines)
 
 
+def format_levels(summary: dict) -> str:
+  """A line per multi-level method: its levels as the run counted them (Summary.levels)."""
+  lines = []
+  for name, data in summary['methods'].items():
+    lv = data.get('levels')
+    if lv:
+      lines.append(
+        f'levels of {name}: the lower level proposed at {lv["hit"]:.0%} of the upper '
+        f"model's steps after a proposal's first, which kept {lv['alpha_lower']:.2f} of its "
+        f'tokens (per token, k = {lv["k"]}); steps per proposal: '
+        f'{lv["narrow_per_proposal"]:.2f} narrow + {lv["wide_per_proposal"]:.2f} wide counted, '
+        f'{lv["expected_narrow_per_proposal"]:.2f} + {lv["expected_wide_per_proposal"]:.2f} '
+        'expected from those rates'
+      )
+  return '\n'.join(lines)
+
+
 def acceptance_by_position(recs: list[dict]) -> np.ndarray:
   """P(the i-th draft token is accepted | drafted), i = 1..gamma (nan where never drafted):
   metrics.position_counts' ratio, as results.json's acceptance_by_position."""

@@ -199,7 +199,9 @@ def measure_costs(config, engines, methods, cache_size: int, say, quick: bool = 
       for t, (d, v) in c.tree_ms.items()
     )
     loop = max(c.overhead_ms.items(), default=(0, 0.0))[1]  # at its largest gamma
-    say(f'  {spec}: c = {c.c:.3f}; draft/step {units}; loop {loop:.2f} ms an iteration')
+    steps = ', '.join(f'{k} {ms:.2f}' for k, ms in c.level_ms.items())
+    steps = f'; upper-model steps (ms): {steps} (k = {c.level_k})' if steps else ''
+    say(f'  {spec}: c = {c.c:.3f}; draft/step {units}; loop {loop:.2f} ms an iteration{steps}')
   return costs
 
 
@@ -862,6 +864,8 @@ def show_verdict(plan: Plan, run: Run) -> None:
 def show_table(plan: Plan, run: Run) -> None:
   plan.say(report.format_table(run.summary))
   plan.say(report.format_best_gamma(run.summary))
+  if levels := report.format_levels(run.summary):
+    plan.say(levels)
   plan.say(f'results in {plan.out_dir}  (advice: python -m specjax.advise {plan.out_dir})')
 
 
