@@ -309,10 +309,10 @@ def test_a_multilevel_prediction_counts_its_steps_at_the_runs_rates():
   )  # fmt: skip
   assert cost_model.Costs.from_json(c.to_json()) == c
 
-  def run(counts):
+  def run(counts, rows=1):
     m = types.SimpleNamespace(alpha=1.0, iteration_ms=30.0)
-    recs = [{'accepted': [4, 4], 'drafted': [4, 4], 'new_tokens': 11, 'draft_counts': counts}]
-    metrics.predict(m, recs, c, 4, adaptive=False)
+    rec = {'accepted': [4, 4], 'drafted': [4, 4], 'new_tokens': 11, 'draft_counts': counts}
+    metrics.predict(m, [rec | {'batch': 0}] * rows, c, 4, adaptive=False)
     return m
 
   # Lookups that never hit: the first step (the proposal at gamma 1: 2 ms) and 3 narrow.
@@ -324,6 +324,11 @@ def test_a_multilevel_prediction_counts_its_steps_at_the_runs_rates():
   m = run({'first': 2, 'narrow': 0, 'wide': 2, 'lower_kept': 4, 'lower_rejected': 0})
   assert m.levels['alpha_lower'] == 1 and m.levels['expected_wide_per_proposal'] == 1
   assert m.predicted_speedup == pytest.approx(5 / ((2 + 3.0 + 12) / 10))
+  # Two rows of one batch: the batch's steps count once, each row's lower tokens count.
+  half = {'first': 2, 'narrow': 2, 'wide': 2, 'lower_kept': 2, 'lower_rejected': 2}
+  m = run(half, rows=2)
+  assert m.levels['hit'] == 0.5 and m.levels['alpha_lower'] == 0.5
+  assert m.levels['narrow_per_proposal'] == 1 and m.levels['wide_per_proposal'] == 1
   # Without counts (another drafter) the timed proposal stands.
   m = run({})
   assert m.levels is None and m.predicted_speedup == pytest.approx(5 / ((5 + 12) / 10))

@@ -257,13 +257,16 @@ def timer_level_step(
   def many(draft_params, state, draft_state):
     step, carry = drafter.step_for_timing(draft_params, draft_state, state, gamma, sampling, kind)
 
-    def body(i, c):
-      c = step(c.replace(key=jax.random.fold_in(c.key, i)))
-      return c
+    def body(i, carried):
+      c, acc = carried
+      c, lower_token = step(c.replace(key=jax.random.fold_in(c.key, i)))
+      return c, acc + lower_token
 
-    out = jax.lax.fori_loop(0, inner, body, carry)
-    acc = out.toks[:, 0] + out.counts[:, 0] + (out.qs[:, 0, 0] > 0.5)  # keep them live
-    return acc, draft_state.replace(upper=draft_state.upper.replace(cache=out.cache))
+    zeros = jnp.zeros((state.tokens.shape[0],), jnp.int32)
+    out, acc = jax.lax.fori_loop(0, inner, body, (carry, zeros))
+    acc = acc + out.toks[:, 0] + out.counts[:, 0] + (out.qs[:, 0, 0] > 0.5)  # all kept live
+    upper = draft_state.upper.replace(cache=out.cache)
+    return acc, draft_state.replace(upper=upper, lower=out.lower)
 
   fn = jax.jit(many, donate_argnums=2)
   detached = state.replace(spec=state.spec.replace(draft=None), cache=None)

@@ -356,7 +356,7 @@ def predict(
         tokens += 1
       draft += dc
       verify += vc
-      loop += costs.loop_units(d) * (scale if d else 1.0)  # (counted within vc)
+      loop += costs.loop_units(d) * scale  # (counted within vc)
   kept = sum(a + 1 for r in recs for a in r['accepted'])
   if kept:
     tokens *= min(1.0, sum(r['new_tokens'] - 1 for r in recs) / kept)
@@ -379,9 +379,14 @@ def level_stats(recs, costs: cost_model.Costs) -> dict[str, float] | None:
   counted narrow and wide steps per proposal beside those the cost model expects at the
   run's gammas from the two rates. None unless the records and `costs` have them."""
   counts = [r.get('draft_counts') or {} for r in recs]
-  if not costs.level_k or not counts or not all('wide' in c for c in counts):
+  steps_timed = {'first', 'narrow', 'wide'} <= set(costs.level_ms)
+  if not costs.level_k or not steps_timed or not counts or not all('wide' in c for c in counts):
     return None
-  total = {k: sum(c[k] for c in counts) for k in counts[0]}
+  # Steps are the batch's (every row of a batch holds the same): once per batch; tokens
+  # per row. (At batch > 1 a row whose lookup found nothing in a round counts a rejection.)
+  batches = {r['batch']: r['draft_counts'] for r in recs}.values()
+  total = {k: sum(c[k] for c in batches) for k in ('first', 'narrow', 'wide')}
+  total |= {k: sum(c[k] for c in counts) for k in ('lower_kept', 'lower_rejected')}
   steps = total['narrow'] + total['wide']
   trials = total['lower_kept'] + total['lower_rejected']
   hit = total['wide'] / steps if steps else 0.0

@@ -144,9 +144,10 @@ class MultiLevelDrafter(Drafter):
   def step_for_timing(self, params, draft_state, state, gamma, sampling, kind: str):
     """(step, carry): one `kind` step of a proposal ('first': the two-row forward that
     starts it, 'narrow': one row, 'wide': the k + 1-row round), each followed by the lower
-    level's update and proposal, as `propose` runs them; `step(carry)` is a carry from
-    which the same step runs again (the proposal's length and tokens kept, the caches
-    carried), for bench/costs to time a step alone."""
+    level's update and proposal, as `propose` runs them; `step(carry)` is (a carry from
+    which the same step runs again: the proposal's length and its lower proposal kept, the
+    caches and the lower level's state carried; [B] int32 of the new lower proposal, to
+    keep it live), for bench/costs to time a step alone."""
     if kind not in ('first', 'narrow', 'wide'):
       raise ValueError(f"multilevel step: kind must be 'first', 'narrow' or 'wide', got {kind!r}")
     b, up = state.tokens.shape[0], self.upper
@@ -171,8 +172,9 @@ class MultiLevelDrafter(Drafter):
       'wide': run.wide,
     }[kind]
 
-    def step(c: _Carry) -> _Carry:  # all but the length and the lower level's proposal
-      return once(c).replace(filled=c.filled, proposal=c.proposal)
+    def step(c: _Carry) -> tuple[_Carry, jax.Array]:
+      after = once(c)
+      return after.replace(filled=c.filled, proposal=c.proposal), after.proposal[0][:, -1]
 
     return step, carry
 
@@ -250,9 +252,10 @@ class _Steps:
     filled = jnp.where(live, c.filled + kept + 1, c.filled)
     kind = 2 if drafted is not None else (0 if inputs.shape[1] == 2 else 1)  # COUNTS' order
     counts = c.counts.at[:, kind].add(1)
-    if drafted is not None:
-      counts = counts.at[:, 3].add(jnp.where(live, kept, 0))
-      counts = counts.at[:, 4].add((live & (kept < d.k)).astype(jnp.int32))
+    if drafted is not None:  # rows still drafting, in a text not yet finished
+      drafting = live & ~self.state.done
+      counts = counts.at[:, 3].add(jnp.where(drafting, kept, 0))
+      counts = counts.at[:, 4].add((drafting & (kept < d.k)).astype(jnp.int32))
     text = self.view(filled, toks)
     lower = d.lower.update(c.lower, text, TargetOut())
     drafted, q2, lower = d.lower.propose(

@@ -148,7 +148,8 @@ void NkChunk(const float* x, const float* w, float* y, int64_t m_rows, int64_t k
         case 2: NkTile<2>(x, w, y, k_dim, n_dim, n, m0); break;
         case 3: NkTile<3>(x, w, y, k_dim, n_dim, n, m0); break;
 #endif
-        default: break;
+        default:  // none left (or, were kNkRows ever larger, one row at a time)
+          for (; m0 < m_rows; ++m0) NkTile<1>(x, w, y, k_dim, n_dim, n, m0);
       }
     }
   }
