@@ -289,3 +289,33 @@ def test_a_multilevel_drafts_steps_are_timed_one_by_one():
   assert set(c.level_ms) == set(costs.LEVEL_STEPS) and c.level_k == 2
   assert min(c.level_ms.values()) > 0
   assert cost_model.Costs.from_json(c.to_json()) == c
+
+
+def test_a_timed_multilevel_step_runs_its_lower_level_too():
+  """step_for_timing's step is propose's: the upper model's forward counted under its kind,
+  then the lower level (here a model of its own) fed the new text and proposing again;
+  the proposal's length and pending lower proposal stay, so the same step can repeat."""
+  import jax  # noqa: PLC0415
+
+  from specjax.core.sampling import SamplingConfig  # noqa: PLC0415
+  from specjax.decode.method import Method  # noqa: PLC0415
+  from specjax.drafters import multilevel as ml  # noqa: PLC0415
+
+  cfg, params = testing.tiny_model(seed=3, n_layers=3)
+  (upper_cfg, upper), (lower_cfg, lower) = (truncated_target(cfg, params, n) for n in (2, 1))
+  drafter = ml.MultiLevelDrafter(ModelDrafter(upper_cfg), ModelDrafter(lower_cfg), k=2)
+  draft_params = {'upper': upper, 'lower': lower}
+  sampling = SamplingConfig()
+  state = costs._prefilled(drafter, draft_params, params, cfg, 2, 64, sampling, Method.chain(3))
+  for i, kind in enumerate(costs.LEVEL_STEPS):
+    step, carry = drafter.step_for_timing(draft_params, state.spec.draft, state, 3, sampling, kind)
+    after, token = jax.jit(step)(carry)
+    assert token.shape == (2,)
+    np.testing.assert_array_equal(after.filled, carry.filled)
+    np.testing.assert_array_equal(after.proposal[0], carry.proposal[0])
+    counted = np.asarray(after.counts - carry.counts)
+    np.testing.assert_array_equal(counted[:, i], 1)  # COUNTS starts with the steps' kinds
+    assert (counted[:, :3].sum(1) == 1).all()
+    before = np.asarray(carry.lower.cache.lengths)
+    assert (np.asarray(after.lower.cache.lengths) > before).all(), kind  # the lower model ran
+    assert (np.asarray(after.cache.lengths) != np.asarray(carry.cache.lengths)).all(), kind

@@ -25,6 +25,7 @@ measured pieces (specjax/bench/costs.py measures them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -290,6 +291,7 @@ def multilevel_rounds(alpha: float, k: int, gamma: int) -> float:
   return float(rounds[1])
 
 
+@functools.cache  # a run's records ask for the same few gammas at the same two rates
 def multilevel_steps(gamma: int, k: int, hit: float, alpha_lower: float) -> tuple[float, float]:
   """(expected narrow steps, expected wide steps) of a multi-level drafter's proposal of
   gamma tokens after its first step (drafters/multilevel.py): at each step the lower level

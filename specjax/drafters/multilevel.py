@@ -100,10 +100,34 @@ class MultiLevelDrafter(Drafter):
     per-level prediction reads (control/cost_model.multilevel_draft_units)."""
     return {name: draft_state.counts[:, i] for i, name in enumerate(COUNTS)}
 
-  def propose(self, params, draft_state, state, key, gamma, sampling):
-    k, b, up = self.k, state.tokens.shape[0], self.upper
+  def _start(self, params, draft_state, state, gamma, sampling, filled, lower, key):
+    """(steps, carry) a proposal starts from: `filled` tokens drawn per row, the lower
+    level's state `lower` (after its opening proposal), the upper cache caught up."""
+    b, up = state.tokens.shape[0], self.upper
     upper_state = draft_state.upper
-    run = _Steps(self, params, state, gamma, sampling)
+    cache = up.caught_up(params['upper'], upper_state, state) if up.resync else upper_state.cache
+    width = gamma + self.k + 1  # a round past gamma - 1 writes up to k + 1 more
+    carry = _Carry(
+      filled=jnp.full((b,), filled, jnp.int32),
+      toks=jnp.zeros((b, width), jnp.int32),
+      qs=jnp.zeros((b, width, up.vocab_size), jnp.float32),
+      cache=cache,
+      lower=lower,
+      key=key,
+      proposal=(jnp.zeros((b, self.k), jnp.int32), None),
+      counts=draft_state.counts,
+    )
+    return _Steps(self, params, state, gamma, sampling), carry
+
+  def propose(self, params, draft_state, state, key, gamma, sampling):
+    upper_state = draft_state.upper
+    # The lower level proposes once on the text as it stands, before the first step adds a
+    # token: a draft model of its own then feeds the text's last two tokens where they
+    # belong (its cache, like the upper's, holds all of the text but those). This proposal
+    # is not checked; the steps' own are.
+    key, k_lower = jax.random.split(key)
+    lower = self.lower.propose(params['lower'], draft_state.lower, state, k_lower, self.k, sampling)
+    run, carry = self._start(params, draft_state, state, gamma, sampling, 0, lower[2], key)
 
     def until_found(carry):  # narrow steps while no row's lower level proposes anything
       def empty(c):
@@ -111,24 +135,6 @@ class MultiLevelDrafter(Drafter):
 
       return jax.lax.while_loop(empty, run.narrow, carry)
 
-    cache = up.caught_up(params['upper'], upper_state, state) if up.resync else upper_state.cache
-    # The lower level proposes once on the text as it stands, before the first step adds a
-    # token: a draft model of its own then feeds the text's last two tokens where they
-    # belong (its cache, like the upper's, holds all of the text but those). This proposal
-    # is not checked; the steps' own are.
-    key, k_lower = jax.random.split(key)
-    lower = self.lower.propose(params['lower'], draft_state.lower, state, k_lower, k, sampling)[2]
-    width = gamma + k + 1  # a round past gamma - 1 writes up to k + 1 more
-    carry = _Carry(
-      filled=jnp.zeros((b,), jnp.int32),
-      toks=jnp.zeros((b, width), jnp.int32),
-      qs=jnp.zeros((b, width, self.upper.vocab_size), jnp.float32),
-      cache=cache,
-      lower=lower,
-      key=key,
-      proposal=(jnp.zeros((b, k), jnp.int32), None),
-      counts=draft_state.counts,
-    )
     # The upper cache holds the text but its last two tokens (ModelDrafter's convention):
     # the first step feeds both and draws one token; from then on it holds all but the
     # last, and each step feeds that token (and a round the lower level's k after it).
@@ -150,22 +156,11 @@ class MultiLevelDrafter(Drafter):
     keep it live), for bench/costs to time a step alone."""
     if kind not in ('first', 'narrow', 'wide'):
       raise ValueError(f"multilevel step: kind must be 'first', 'narrow' or 'wide', got {kind!r}")
-    b, up = state.tokens.shape[0], self.upper
-    run = _Steps(self, params, state, gamma, sampling)
-    upper_state = draft_state.upper
-    cache = up.caught_up(params['upper'], upper_state, state) if up.resync else upper_state.cache
-    width = gamma + self.k + 1
-    carry = _Carry(
-      filled=jnp.full((b,), 0 if kind == 'first' else 1, jnp.int32),
-      toks=jnp.zeros((b, width), jnp.int32),
-      qs=jnp.zeros((b, width, up.vocab_size), jnp.float32),
-      cache=cache,
-      lower=draft_state.lower,
-      key=state.key,
-      proposal=(jnp.zeros((b, self.k), jnp.int32), None),
-      counts=draft_state.counts,
+    filled = int(kind != 'first')  # a first step starts a proposal; the others continue one
+    run, carry = self._start(
+      params, draft_state, state, gamma, sampling, filled, draft_state.lower, state.key
     )
-    last_two = last_two_tokens(upper_state, state)
+    last_two = last_two_tokens(draft_state.upper, state)
     once = {
       'first': lambda c: run.first(c, last_two),
       'narrow': run.narrow,
