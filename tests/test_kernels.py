@@ -111,6 +111,39 @@ def test_every_block_path_is_the_product_with_rounded_activations(isa, fmt, rows
   np.testing.assert_allclose(got, blocks_reference(x, bw), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize('rows', [1, 2, 3, 5, 9])
+@pytest.mark.parametrize('k', [96, 1120])
+def test_q4_1_in_groups_of_8_rows_is_the_same_product_on_every_path(rows, k):
+  """interleave_rows8's layout on its own kernel ('q4_1r8'): the product with rounded
+  activations, as the weights in row order give it; bitwise the same on every path and for
+  a row of x alone (integer dots are exact, each row's sum runs block by block in order);
+  its XLA fallback and expand_rows read the layout back."""
+  rng = np.random.default_rng(rows + k)
+  plain = _block_weight('q4_1', rng.normal(size=(40, k)).astype(np.float32))  # 5 groups
+  bw = quant.interleave_rows8(plain)
+  assert bw.rows8 and bw.kind == 'q4_1r8' and not np.array_equal(bw.qs, plain.qs)
+  np.testing.assert_array_equal(bw.expand_rows(), plain.expand_rows())
+  x = jnp.asarray(rng.normal(size=(rows, k)).astype(np.float32))
+  want = blocks_reference(x, plain)
+  run = jax.jit(lambda x, isa, *w: cpu._call('q4_1r8', isa, x, *w), static_argnums=1)
+  first = None
+  for isa in cpu.supported():
+    assert cpu.library(isa) is not None, cpu.status()
+    got = np.asarray(run(x, isa, bw.qs, bw.d, bw.m))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=isa)
+    first = got if first is None else first
+    np.testing.assert_array_equal(got, first, err_msg=isa)
+    alone = np.concatenate(
+      [np.asarray(run(x[i : i + 1], isa, bw.qs, bw.d, bw.m)) for i in range(rows)]
+    )
+    np.testing.assert_array_equal(alone, got, err_msg=f'{isa}, one row at a time')
+  xla = cpu._xla_product('q4_1r8', x, bw.qs, bw.d, bw.m)
+  np.testing.assert_allclose(xla, cpu._xla_product('q4_1', x, plain.qs, plain.d, plain.m))
+  assert quant.interleave_rows8(bw) is bw  # once only
+  odd = _block_weight('q4_1', rng.normal(size=(12, 96)).astype(np.float32))
+  assert quant.interleave_rows8(odd) is odd  # 12 rows: not whole groups, left in row order
+
+
 @pytest.mark.parametrize('fmt', ['q4_1', 'q8_0'])
 @pytest.mark.parametrize('k', [256, 1056, 1600])
 def test_a_block_products_row_does_not_depend_on_the_call(fmt, k):

@@ -185,6 +185,8 @@ def test_the_quantized_draft_keeps_greedy_output_and_is_accepted(gamma):
 def test_bad_quantized_specs_are_named():
   with pytest.raises(ValueError, match='quantized:q8_0'):
     registry.build_draft('quantized:q5_k', _Tiny)
+  with pytest.raises(ValueError, match='layout=rows keeps'):
+    registry.build_draft('quantized:layout=columns', _Tiny)
 
   class Odd(_Tiny):  # d_model 48: not whole blocks of 32
     cfg = llama.LlamaConfig(
@@ -197,6 +199,21 @@ def test_bad_quantized_specs_are_named():
     ValueError, match='draft quantized: cannot quantize odd-model.*multiple of 32'
   ):
     registry.build_draft('quantized', Odd)
+
+
+@pytest.mark.slow
+def test_the_real_quantized_drafts_q4_1_layers_come_in_groups_of_8_rows(smollm2):
+  """The registry's quantized draft holds its q4_1 layers in interleave_rows8's layout (the
+  same weights: expanded, equal to the row-order ones); layout=rows keeps row order."""
+  _, plain = registry.build_draft('quantized:layout=rows', smollm2)
+  _, grouped = registry.build_draft('quantized', smollm2)
+  leaves = lambda t: jax.tree_util.tree_leaves(t, is_leaf=quant.is_block)
+  pairs = [(a, b) for a, b in zip(leaves(plain), leaves(grouped)) if quant.is_block(a)]
+  assert sum(b.rows8 for _, b in pairs) == 4 * smollm2.cfg.n_layers  # qkv, o, gate|up, down
+  assert not any(a.rows8 for a, _ in pairs)
+  for a, b in pairs:
+    assert b.rows8 == (a.fmt == 'q4_1')
+    np.testing.assert_array_equal(np.asarray(b.expand()), np.asarray(a.expand()))
 
 
 @pytest.mark.slow

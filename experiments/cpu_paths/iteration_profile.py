@@ -134,7 +134,7 @@ def main(argv):
     pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'smollm2.py'
   )
   model = loader.load_model(config.model, config.dtype)
-  drafter, dparams = model_drafters.QUANTIZED.build('auto', model, config.dtype)
+  drafter, dparams = model_drafters.QUANTIZED.build(('auto', True), model, config.dtype)
   # The target as an engine holds it on one device (q|k|v joined): its kernel choices are
   # recorded per parameter tree, and the unjoined tree's would not reach the engine's.
   tp = jax.device_put(model.cfg.family.fuse(model.params))

@@ -13,6 +13,10 @@ interleaved timings of both builds on the same weights; attention: of 3 (kernels
   python experiments/cpu_paths/kernel_ab.py --kind q4_1 --rows 1,2 --other /path/to/old/checkout
   python experiments/cpu_paths/kernel_ab.py --kind nk --rows 1,2,3,5,9 --other /path/to/old/checkout
   python experiments/cpu_paths/kernel_ab.py --defines='-DSPECJAX_KN_JB=2 -DSPECJAX_KN_MB=6'
+  python experiments/cpu_paths/kernel_ab.py --kind q4_1r8 --b_kind q4_1 --rows 1,2,4,5,9
+
+`--b_kind` makes B this build's kernel of another kind on the same shapes (q4_1 blocks in
+groups of 8 rows against row order: random weights time alike in either layout).
 
 SPECJAX_KN_TILE_ROWS=1000 turns the kn row tiles off (the one-row path for every row
 count: the kernel before 2026-12-06's third session). Run it on a quiet machine.
@@ -31,8 +35,9 @@ from absl import app, flags
 from specjax.kernels import cpu
 from specjax.models import llama
 
-flags.DEFINE_enum('kind', 'kn', ['kn', 'nk', 'q4_1', 'q8_0', 'attn'], 'What to time.')
+flags.DEFINE_enum('kind', 'kn', ['kn', 'nk', 'q4_1', 'q4_1r8', 'q8_0', 'attn'], 'What to time.')
 flags.DEFINE_string('other', '', 'Source root of the B build (default: this checkout).')
+flags.DEFINE_string('b_kind', '', 'B: this build, this kind of kernel (instead of a B build).')
 flags.DEFINE_string('defines', '', 'Compiler flags of the B build, e.g. -DSPECJAX_KN_JB=2.')
 flags.DEFINE_list('rows', ['2', '3', '5', '9'], 'Rows of x (kn) or queries per head (attn).')
 flags.DEFINE_list('isas', ['avx512', 'avx2'], 'Paths to time (each must run on this CPU).')
@@ -45,6 +50,7 @@ SHAPES = {  # SmolLM2-135M's products of each kind, as the engines hold them (q|
   'kn': ['576x576', '192x576', '1536x576', '576x1536', '960x576'],
   'nk': ['49152x576'],  # the head (tied to the embeddings)
   'q4_1': ['960x576', '576x576', '3072x576', '576x1536'],  # layers (gate|up joined)
+  'q4_1r8': ['960x576', '576x576', '3072x576', '576x1536'],
   'q8_0': ['49152x576'],  # the head
 }
 
@@ -67,10 +73,11 @@ def products(isa: str, rows: int, shape) -> tuple[float, float]:
   """Microseconds per product of this build and of B, timed in turn round by round on the
   same weights (copies of them, 64 MB in all, streamed from memory as a forward does)."""
   n, k = shape
-  per_weight = {'kn': 4, 'nk': 4, 'q4_1': 20 / 32, 'q8_0': 34 / 32}[FLAGS.kind]
+  per_weight = {'kn': 4, 'nk': 4, 'q4_1': 20 / 32, 'q4_1r8': 20 / 32, 'q8_0': 34 / 32}[FLAGS.kind]
   copies = int(min(32, max(1, cpu.STREAM_BYTES // (n * k * per_weight))))
   args = cpu._operands(FLAGS.kind, n, k, rows, copies)
-  a, b = (cpu._chain(lambda *w, p=p: cpu._call(FLAGS.kind, p, *w)) for p in (isa, isa + 'B'))
+  runs = [(FLAGS.kind, isa), (FLAGS.b_kind, isa) if FLAGS.b_kind else (FLAGS.kind, isa + 'B')]
+  a, b = (cpu._chain(lambda *w, k=k, p=p: cpu._call(k, p, *w)) for k, p in runs)
   t_a, t_b = cpu._time_both(a, b, args, rounds=FLAGS.rounds, span=0.05)
   return t_a / copies * 1e6, t_b / copies * 1e6
 
@@ -92,10 +99,12 @@ def main(_):
   root = pathlib.Path(FLAGS.other or pathlib.Path(__file__).resolve().parents[2])
   for isa in FLAGS.isas:
     assert cpu.library(isa) is not None, cpu.status()
-    build_b(isa, root)
+    if not FLAGS.b_kind:
+      build_b(isa, root)
   names = FLAGS.shapes or SHAPES.get(FLAGS.kind, [])
   shapes = [tuple(map(int, s.split('x'))) for s in names] if FLAGS.kind != 'attn' else [()]
-  print(f'{cpu.cpu_info()["model"]} ({cpu.isa_flags()}); B: {root} {FLAGS.defines}')
+  b = f'this build, {FLAGS.b_kind}' if FLAGS.b_kind else f'{root} {FLAGS.defines}'
+  print(f'{cpu.cpu_info()["model"]} ({cpu.isa_flags()}); A: {FLAGS.kind}; B: {b}')
   for shape in shapes:
     for rows in map(int, FLAGS.rows):
       cells = []

@@ -27,7 +27,7 @@ from specjax.drafters import model as model_drafters
 root = pathlib.Path(__file__).resolve().parents[2]
 config = config_lib.load_config(root / 'configs' / 'smollm2.py')
 target = loader.load_model(config.model, config.dtype)
-drafter, dparams = model_drafters.QUANTIZED.build('auto', target, config.dtype)
+drafter, dparams = model_drafters.QUANTIZED.build(('auto', True), target, config.dtype)
 tparams, dparams = jax.device_put(target.params), jax.device_put(dparams)
 cfg, size = target.cfg, int(sys.argv[2]) if len(sys.argv) > 2 else 512
 variants = sys.argv[1].split(',')

@@ -1,13 +1,15 @@
 """CPU kernels for products of a few rows, registered with JAX's FFI, used only where they
 beat XLA's own product on this machine.
 
-Four products have a kernel (specjax/kernels/*.cc):
+Five products have a kernel (specjax/kernels/*.cc):
 
-  kind   operands                            where the model uses it
-  'nk'   x[..., K] @ w[N, K].T, float32       a tied embedding as the output head
-  'kn'   x[..., K] @ w[K, N], float32         every layer weight (stored (in, out))
-  'q4_1' x[..., K] @ W.T, W in q4_1 blocks   a quantized self-draft's layers (models/quant.py)
-  'q8_0' x[..., K] @ W.T, W in q8_0 blocks   its embedding head
+  kind     operands                            where the model uses it
+  'nk'     x[..., K] @ w[N, K].T, float32       a tied embedding as the output head
+  'kn'     x[..., K] @ w[K, N], float32         every layer weight (stored (in, out))
+  'q4_1r8' x[..., K] @ W.T, W in q4_1 blocks,   a quantized self-draft's layers
+           its rows in groups of 8              (models/quant.py interleave_rows8)
+  'q4_1'   the same, W's rows in order          its layers with quantized:layout=rows
+  'q8_0'   x[..., K] @ W.T, W in q8_0 blocks   its embedding head
 
 and two more operations: attention over the KV cache ('attn', cpu_attention.cc) and the
 argmax of logits ('argmax', sampling's greedy tokens), each measured against XLA's the
@@ -82,10 +84,15 @@ TARGETS = {
   'kn': 'specjax_linear_kn',
   'q4_1': 'specjax_blocks_q4_1',
   'q8_0': 'specjax_blocks_q8_0',
+  'q4_1r8': 'specjax_blocks_q4_1_r8',
   'attn': 'specjax_attention',
   'argmax': 'specjax_argmax',
 }
-BLOCK_TARGETS = {'q4_1': 'specjax_blocks_q4_1', 'q8_0': 'specjax_blocks_q8_0'}
+BLOCK_TARGETS = {
+  'q4_1': 'specjax_blocks_q4_1',
+  'q8_0': 'specjax_blocks_q8_0',
+  'q4_1r8': 'specjax_blocks_q4_1_r8',  # q4_1 in groups of 8 rows (models/quant.py interleave_rows8)
+}
 MAX_ROWS = 64  # the most rows measured dispatch sends to a kernel (a forced path: any)
 MIN_WEIGHTS = 1 << 16  # smaller products (tiny test models) stay with XLA: a call costs more
 # A kernel must beat XLA's product by this factor to be kept: the rest of a step runs on
@@ -438,11 +445,11 @@ def _operands(kind: str, n: int, k: int, rows: int, copies: int = 1):
       shape = (n, k) if kind == 'nk' else (k, n)
       weights.append((jnp.asarray(rng.standard_normal(shape, np.float32) * 0.05),))
       continue
-    width = 16 if kind == 'q4_1' else 32
+    width = 32 if kind == 'q8_0' else 16  # q4_1 in either layout: random bytes time alike
     qs = jnp.asarray(rng.integers(0, 256, (n, k // 32, width), dtype=np.uint8))
     d = jnp.asarray(rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float16))
     m = jnp.asarray(rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float16))
-    weights.append((qs, d, m if kind == 'q4_1' else jnp.zeros_like(m)))
+    weights.append((qs, d, jnp.zeros_like(m) if kind == 'q8_0' else m))
   return x, weights
 
 
@@ -464,7 +471,7 @@ def measure(kind: str, n: int, k: int, rows: int, isa: str) -> dict:
   """Times the `isa` kernel and XLA's product for one shape, each streaming its weights
   from memory as a forward does (copies of the weight, STREAM_BYTES in all):
   {'kernel_us', 'xla_us'} per product."""
-  per_weight = 4 if kind in ('nk', 'kn') else (20 / 32 if kind == 'q4_1' else 34 / 32)
+  per_weight = 4 if kind in ('nk', 'kn') else (34 / 32 if kind == 'q8_0' else 20 / 32)
   copies = int(min(32, max(1, STREAM_BYTES // max(1, n * k * per_weight))))
   args = _operands(kind, n, k, rows, copies)
   kernel = _chain(lambda *a: _call(kind, isa, *a))
@@ -692,12 +699,25 @@ def describe() -> dict:
 # ---- the products -----------------------------------------------------------------------
 
 
+def unpack_rows8(qs, d, m):
+  """q4_1 blocks in groups of 8 rows (the 'q4_1r8' kernel's layout, models/quant.py
+  interleave_rows8) back in row order: qs [N, nb, 16], d and m [N, nb] (jnp or numpy)."""
+  xp = np if isinstance(qs, np.ndarray) else jnp
+  n, nb = d.shape
+  qs = qs.reshape(n // 8, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4).reshape(n, nb, 16)
+  rows = lambda a: a.reshape(n // 8, nb, 8).transpose(0, 2, 1).reshape(n, nb)
+  return xp.asarray(qs), rows(d), rows(m)
+
+
 def _xla_product(kind: str, x, *w):
   if kind == 'nk':
     return jnp.einsum('...K,NK->...N', x, w[0])
   if kind == 'kn':
     return x @ w[0]
   qs, d, m = w
+  if kind == 'q4_1r8':
+    qs, d, m = unpack_rows8(qs, d, m)
+    kind = 'q4_1'
   if kind == 'q4_1':
     q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
   else:

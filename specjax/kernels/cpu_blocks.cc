@@ -395,7 +395,145 @@ void RowsChunk(const int8_t* qx, const int8_t* qxp, const float* dx, const float
   }
 }
 
-template <Format F>
+// ---- q4_1 in groups of 8 rows ("r8", models/quant.py interleave_rows8) ------------------
+// W's rows in groups of 8: for group g and block b, 128 bytes = 4 chunks c of [8 rows x 4
+// bytes], chunk c holding bytes 4c..4c+3 of each row's 16 (low nibbles: values 4c..4c+3,
+// high nibbles: values 16+4c..16+4c+3); the scales d and offsets m as [N/8, nb, 8], row r
+// of a group at lane r. One 256-bit integer dot of a chunk's nibbles against x's 4 bytes,
+// broadcast, adds 4 products for 8 rows at once: 8 dots a block give the block products of
+// 8 rows, then one conversion and two FMAs (scale, offset) serve all 8. That is about half
+// the instructions per block and row of x of the pairs layout (Tile above), where from 2
+// rows of x the product is bound by them: the tile alone ran 1.4-2.0x faster per row of x,
+// at 1 to 9 rows (experiments/cpu_paths/results/blocks_tile_xeon.txt). Integer sums are
+// exact on every path, so the paths give bitwise-equal results; a row of x is summed alone,
+// block by block in order, whatever the other rows.
+constexpr int64_t kGroup = 8;  // W rows a group
+
+#if defined(SPECJAX_BLOCKS_SIMD)
+// 8 int32 sums, lane r: row r's integer block product with x's block xq (values in order).
+inline __m256i Dot8Rows(const __m256i* lo, const __m256i* hi, const int8_t* xq) {
+  int32_t xw[8];
+  std::memcpy(xw, xq, sizeof(xw));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    s0 = _mm256_dpbusd_epi32(s0, lo[c], _mm256_set1_epi32(xw[c]));
+    s1 = _mm256_dpbusd_epi32(s1, hi[c], _mm256_set1_epi32(xw[4 + c]));
+  }
+  return _mm256_add_epi32(s0, s1);
+#else
+  // maddubs: two products a 16-bit lane, each pair at most 2 * 15 * 127 = 3810 in
+  // magnitude; eight of them add to at most 30480, below int16's limit.
+  __m256i s = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(xw[c])));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(xw[4 + c])));
+  }
+  return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+#endif
+}
+
+#if defined(__AVX512VL__)
+constexpr int kR8Groups = 2;  // groups a tile: 4 x 2 accumulators and 8 nibble vectors
+#else
+constexpr int kR8Groups = 1;  // AVX2's 16 registers
+#endif
+
+// Groups [g0, g0 + G) of W against rows [m0, m0 + MB) of x.
+template <int MB, int G>
+inline void Rows8Tile(const int8_t* qx, const float* dx, const float* sx, const uint8_t* qs,
+                      const uint16_t* d, const uint16_t* mins, float* y, int64_t nb,
+                      int64_t n_dim, int64_t g0, int64_t m0) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB][G];
+  for (int i = 0; i < MB; ++i)
+    for (int g = 0; g < G; ++g) acc[i][g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int g = 0; g < G; ++g) {
+      const int64_t gb = (g0 + g) * nb + b;
+      const uint8_t* w = qs + gb * 4 * 32;
+      __m256i lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c));
+        lo[c] = _mm256_and_si256(raw, low4);
+        hi[c] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + gb * kGroup)));
+      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + gb * kGroup)));
+      for (int i = 0; i < MB; ++i) {
+        const int64_t xb = (m0 + i) * nb + b;
+        const __m256i dot = Dot8Rows(lo, hi, qx + xb * kBlock);
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[xb]));
+        acc[i][g] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][g]);
+        acc[i][g] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[xb]), acc[i][g]);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(y + (m0 + i) * n_dim + (g0 + g) * kGroup, acc[i][g]);
+}
+
+template <int G>
+inline void Rows8Tiles(const int8_t* qx, const float* dx, const float* sx, const uint8_t* qs,
+                       const uint16_t* d, const uint16_t* mins, float* y, int64_t m_rows,
+                       int64_t nb, int64_t n_dim, int64_t g0) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= m_rows; m0 += 4) Rows8Tile<4, G>(qx, dx, sx, qs, d, mins, y, nb, n_dim, g0, m0);
+  switch (m_rows - m0) {
+    case 3: Rows8Tile<3, G>(qx, dx, sx, qs, d, mins, y, nb, n_dim, g0, m0); break;
+    case 2: Rows8Tile<2, G>(qx, dx, sx, qs, d, mins, y, nb, n_dim, g0, m0); break;
+    case 1: Rows8Tile<1, G>(qx, dx, sx, qs, d, mins, y, nb, n_dim, g0, m0); break;
+    default: break;
+  }
+}
+#endif
+
+// Groups [lo, hi) of W (8 rows each) against every row of x.
+void Rows8Chunk(const int8_t* qx, const float* dx, const float* sx, const uint8_t* qs,
+                const uint16_t* d, const uint16_t* mins, float* y, int64_t m_rows, int64_t nb,
+                int64_t n_dim, int64_t lo, int64_t hi) {
+  int64_t g = lo;
+#if defined(SPECJAX_BLOCKS_SIMD)
+  constexpr int64_t G = kR8Groups;
+  for (; g + G <= hi; g += G) {
+    if (g + 3 * G <= hi) {  // the weights of the tile after next
+      const char* next = reinterpret_cast<const char*>(qs + (g + 2 * G) * nb * 128);
+      for (int64_t off = 0; off < G * nb * 128; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+      const char* dn = reinterpret_cast<const char*>(d + (g + 2 * G) * nb * kGroup);
+      const char* mn = reinterpret_cast<const char*>(mins + (g + 2 * G) * nb * kGroup);
+      for (int64_t off = 0; off < G * nb * kGroup * 2; off += 64) {
+        _mm_prefetch(dn + off, _MM_HINT_T0);
+        _mm_prefetch(mn + off, _MM_HINT_T0);
+      }
+    }
+    Rows8Tiles<G>(qx, dx, sx, qs, d, mins, y, m_rows, nb, n_dim, g);
+  }
+  for (; g < hi; ++g) Rows8Tiles<1>(qx, dx, sx, qs, d, mins, y, m_rows, nb, n_dim, g);
+#endif
+  for (; g < hi; ++g) {  // plain C++: the same sums in the same order
+    for (int64_t i = 0; i < m_rows; ++i) {
+      for (int r = 0; r < kGroup; ++r) {
+        float total = 0.f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t gb = g * nb + b, xb = i * nb + b;
+          const uint8_t* w = qs + gb * 128;
+          const int8_t* xq = qx + xb * kBlock;
+          int32_t dot = 0;
+          for (int c = 0; c < 4; ++c)
+            for (int j = 0; j < 4; ++j) {
+              const uint8_t byte = w[(c * kGroup + r) * 4 + j];
+              dot += (byte & 0x0F) * xq[4 * c + j] + (byte >> 4) * xq[16 + 4 * c + j];
+            }
+          total = std::fma(HalfToFloat(d[gb * kGroup + r]) * dx[xb], static_cast<float>(dot), total);
+          total = std::fma(HalfToFloat(mins[gb * kGroup + r]), sx[xb], total);
+        }
+        y[i * n_dim + g * kGroup + r] = total;
+      }
+    }
+  }
+}
+
+template <Format F, bool kR8 = false>
 ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
                   ffi::AnyBuffer mins, ffi::Result<ffi::AnyBuffer> y) {
   auto xd = x.dimensions();
@@ -415,13 +553,15 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
         "specjax blocks: x must be float32 and the scales d, m float16 [N, K/32]");
   if (m_rows > kMaxRows)
     return ffi::Error::InvalidArgument("specjax blocks: too many rows for the kernel");
+  if (kR8 && n_dim % kGroup != 0)
+    return ffi::Error::InvalidArgument("specjax blocks: the 8-row layout needs rows in groups of 8");
   std::unique_ptr<int8_t[]> qx(new int8_t[m_rows * k_dim]);
   std::unique_ptr<float[]> dx(new float[m_rows * nb]), sx(new float[m_rows * nb]);
   QuantizeRows(x.typed_data<float>(), m_rows, nb, qx.get(), dx.get(), sx.get(),
                F == Format::kQ8_0 && kBiasedDot);
   std::unique_ptr<int8_t[]> qx2;
   std::unique_ptr<float[]> dx4;
-  if (F == Format::kQ4_1) {
+  if (F == Format::kQ4_1 && !kR8) {
     qx2.reset(new int8_t[m_rows * k_dim]);
     dx4.reset(new float[m_rows * nb * 4]);
     PairRows(qx.get(), dx.get(), m_rows, nb, qx2.get(), dx4.get());
@@ -436,6 +576,17 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
   const uint16_t* mp = static_cast<const uint16_t*>(mins.untyped_data());
   float* yp = y->typed_data<float>();
   const int64_t threads = specjax::SpinPool::Get().threads();
+  if constexpr (kR8) {  // two chunks a thread, of whole tiles of groups
+    const int64_t groups = n_dim / kGroup;
+    int64_t per = (groups + 2 * threads - 1) / (2 * threads);
+    per = std::max<int64_t>(2, (per + 1) / 2 * 2);
+    const int64_t chunks = (groups + per - 1) / per;
+    specjax::SpinPool::Get().Run(chunks, [=](int64_t c) {
+      Rows8Chunk(qxp, dxp, sxp, qp, dp, mp, yp, m_rows, nb, n_dim, c * per,
+                 std::min(groups, (c + 1) * per));
+    });
+    return ffi::Error::Success();
+  }
   // Two chunks a thread: measured in a draft forward (2-core Zen 4, 15 interleaved rounds),
   // 10% faster at one row and 7% at five than eight a thread (fewer hand-offs), and
   // as fast as one a thread (where a late worker's chunk waits for the caller).
@@ -462,3 +613,11 @@ ffi::Error Blocks(ffi::AnyBuffer x, ffi::AnyBuffer qs, ffi::AnyBuffer d,
 
 SPECJAX_BLOCKS_HANDLER(specjax_blocks_q4_1, Format::kQ4_1)
 SPECJAX_BLOCKS_HANDLER(specjax_blocks_q8_0, Format::kQ8_0)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_blocks_q4_1_r8, (Blocks<Format::kQ4_1, true>),
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());

@@ -50,6 +50,12 @@ class BlockWeight:
   m: jax.Array
   fmt: str = struct.field(pytree_node=False)
   transposed: bool = struct.field(pytree_node=False, default=True)
+  rows8: bool = struct.field(pytree_node=False, default=False)  # interleave_rows8's layout
+
+  @property
+  def kind(self) -> str:
+    """The block kernel that takes this layout (kernels/cpu.py BLOCK_TARGETS)."""
+    return 'q4_1r8' if self.rows8 else self.fmt
 
   @property
   def rows_shape(self) -> tuple[int, int]:
@@ -73,8 +79,11 @@ class BlockWeight:
 
   def expand_rows(self, rows: jax.Array | None = None) -> jax.Array:
     """float32 [rows, K] (or the selected rows [..., K]): d * q + m, block by block."""
-    qs, d, m = (self.qs, self.d, self.m) if rows is None else (
-      jnp.take(self.qs, rows, 0), jnp.take(self.d, rows, 0), jnp.take(self.m, rows, 0))  # fmt: skip
+    qs, d, m = (self.qs, self.d, self.m)
+    if self.rows8:
+      qs, d, m = cpu_kernels.unpack_rows8(qs, d, m)
+    if rows is not None:
+      qs, d, m = (jnp.take(a, rows, 0) for a in (qs, d, m))
     if self.fmt == 'q4_1':
       q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
     else:
@@ -92,14 +101,31 @@ def is_block(x: Any) -> bool:
   return isinstance(x, BlockWeight)
 
 
+def interleave_rows8(w: BlockWeight) -> BlockWeight:
+  """w's q4_1 blocks in groups of 8 rows, the layout the 'q4_1r8' kernel reads
+  (kernels/cpu_blocks.cc): for each group and block, 4 chunks of the 8 rows' bytes 4c..4c+3,
+  then the 8 rows' scales and offsets side by side. The same arrays' shapes and bytes, so
+  nothing else changes (sharding the rows splits whole groups where a shard holds a
+  multiple of 8 rows); expand_rows reads it back in row order. Other weights, and q4_1
+  with a row count that is not a multiple of 8, are returned as they are."""
+  if not is_block(w) or w.fmt != 'q4_1' or w.rows8 or w.rows_shape[0] % 8:
+    return w
+  n, nb = w.d.shape
+  qs = np.asarray(w.qs).reshape(n // 8, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(n, nb, 16)
+  rows = lambda a: np.asarray(a).reshape(n // 8, 8, nb).transpose(0, 2, 1).reshape(n, nb)
+  return w.replace(
+    qs=jnp.asarray(qs), d=jnp.asarray(rows(w.d)), m=jnp.asarray(rows(w.m)), rows8=True
+  )
+
+
 def kernel_applies(x: jax.Array, w: BlockWeight) -> bool:
   """Whether a product of x with w runs a block kernel (trace-time decision, measured)."""
-  return cpu_kernels.blocks_path(w.fmt, x, w.qs, w.d, w.m) is not None
+  return cpu_kernels.blocks_path(w.kind, x, w.qs, w.d, w.m) is not None
 
 
 def _rows_product(x: jax.Array, w: BlockWeight) -> jax.Array:
   """x[..., K] @ rows[N, K].T: the block kernel where it beats XLA, else expanded weights."""
-  out = cpu_kernels.blocks_product(w.fmt, x, w.qs, w.d, w.m)
+  out = cpu_kernels.blocks_product(w.kind, x, w.qs, w.d, w.m)
   if out is not None:
     return out
   return jnp.einsum('...K,NK->...N', x.astype(jnp.float32), w.expand_rows())
@@ -211,7 +237,11 @@ def fuse(params: dict) -> dict:
   def joined(key, ws):
     if all(is_block(w) and w.transposed for w in ws) and len({w.fmt for w in ws}) == 1:
       stack = lambda name: np.concatenate([np.asarray(getattr(w, name)) for w in ws])
-      return BlockWeight(qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, transposed=True)
+      if len({w.rows8 for w in ws}) > 1:
+        raise ValueError('fuse: cannot join q4_1 weights in both row layouts')
+      return BlockWeight(
+        qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, rows8=ws[0].rows8
+      )
     plain = all(w is not None and not is_block(w) and np.ndim(w) == 2 for w in ws)
     if plain and key in FUSED_FLOAT and len({(w.shape[0], np.dtype(w.dtype)) for w in ws}) == 1:
       return np.concatenate([np.asarray(w) for w in ws], axis=1)
