@@ -119,7 +119,9 @@ def test_q4_1_in_groups_of_8_rows_is_the_same_product_on_every_path(rows, k):
   a row of x alone (integer dots are exact, each row's sum runs block by block in order);
   its XLA fallback and expand_rows read the layout back."""
   rng = np.random.default_rng(rows + k)
-  plain = _block_weight('q4_1', rng.normal(size=(40, k)).astype(np.float32))  # 5 groups
+  emb = _block_weight('q4_1', rng.normal(size=(40, k)).astype(np.float32))  # 5 groups
+  assert quant.interleave_rows8(emb) is emb  # an embedding's rows stay in order
+  plain = emb.replace(transposed=True)  # a layer weight
   bw = quant.interleave_rows8(plain)
   assert bw.rows8 and bw.kind == 'q4_1r8' and not np.array_equal(bw.qs, plain.qs)
   np.testing.assert_array_equal(bw.expand_rows(), plain.expand_rows())
@@ -141,6 +143,7 @@ def test_q4_1_in_groups_of_8_rows_is_the_same_product_on_every_path(rows, k):
   np.testing.assert_allclose(xla, cpu._xla_product('q4_1', x, plain.qs, plain.d, plain.m))
   assert quant.interleave_rows8(bw) is bw  # once only
   odd = _block_weight('q4_1', rng.normal(size=(12, 96)).astype(np.float32))
+  odd = odd.replace(transposed=True)
   assert quant.interleave_rows8(odd) is odd  # 12 rows: not whole groups, left in row order
 
 

@@ -46,7 +46,7 @@ def variants(draft, target, cfg):
 def main():
   config = config_lib.load_config(ROOT / 'configs' / 'smollm2.py')
   target = loader.load_model(config.model, config.dtype)
-  draft = quant.fuse(model_drafters.quantized_params(target)[0])
+  draft = quant.for_kernels(model_drafters.quantized_params(target)[0])
   timers = variants(draft, target.params, target.cfg)
   keys, times = list(timers), {k: [] for k in timers}
   for r in range(9):

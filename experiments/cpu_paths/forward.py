@@ -42,7 +42,7 @@ def main(_):
   config = config_lib.load_config(root / 'configs' / 'smollm2.py')
   target = loader.load_model(config.model, config.dtype)
   blocks, _ = model_drafters.quantized_params(target)
-  drafts = {'q': quant.fuse(blocks)}
+  drafts = {'q': quant.for_kernels(blocks)}
   if FLAGS.unfused:
     drafts['q-unfused'] = blocks
   cfg, size = target.cfg, FLAGS.cache_size

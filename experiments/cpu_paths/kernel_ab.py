@@ -37,7 +37,9 @@ from specjax.models import llama
 
 flags.DEFINE_enum('kind', 'kn', ['kn', 'nk', 'q4_1', 'q4_1r8', 'q8_0', 'attn'], 'What to time.')
 flags.DEFINE_string('other', '', 'Source root of the B build (default: this checkout).')
-flags.DEFINE_string('b_kind', '', 'B: this build, this kind of kernel (instead of a B build).')
+flags.DEFINE_enum(
+  'b_kind', '', ['', 'q4_1', 'q4_1r8'], 'B: this build, this q4_1 kernel (instead of a B build).'
+)
 flags.DEFINE_string('defines', '', 'Compiler flags of the B build, e.g. -DSPECJAX_KN_JB=2.')
 flags.DEFINE_list('rows', ['2', '3', '5', '9'], 'Rows of x (kn) or queries per head (attn).')
 flags.DEFINE_list('isas', ['avx512', 'avx2'], 'Paths to time (each must run on this CPU).')
@@ -96,6 +98,8 @@ def attention(isa: str, rows: int) -> tuple[float, float]:
 
 
 def main(_):
+  if FLAGS.b_kind and FLAGS.kind not in ('q4_1', 'q4_1r8'):
+    raise app.UsageError('--b_kind compares the two q4_1 kernels: use --kind q4_1 or q4_1r8')
   root = pathlib.Path(FLAGS.other or pathlib.Path(__file__).resolve().parents[2])
   for isa in FLAGS.isas:
     assert cpu.library(isa) is not None, cpu.status()

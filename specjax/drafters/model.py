@@ -393,9 +393,7 @@ def _build_quantized(settings, target, dtype):
     params, stored = quantized_params(target, fmt)
   except ValueError as e:
     raise ValueError(f'draft quantized: cannot quantize {target.source}: {e}') from None
-  params = quant.fuse(params)
-  if rows8:  # q4_1 layers in groups of 8 rows for their kernel (models/quant.py)
-    params = jax.tree_util.tree_map(quant.interleave_rows8, params, is_leaf=quant.is_block)
+  params = quant.for_kernels(params, rows8)  # q|k|v joined; q4_1 layers in groups of 8 rows
   leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: hasattr(x, 'fmt'))
   kinds = '/'.join(sorted({x.fmt for x in leaves if hasattr(x, 'fmt')}))
   origin = 'as stored in its GGUF file' if stored else 'rounded from float32'

@@ -2,6 +2,7 @@
 //
 //   specjax_blocks_q4_1: y[M, N] = x[M, K] @ W^T, W[N, K] in GGUF q4_1 blocks
 //   specjax_blocks_q8_0: y[M, N] = x[M, K] @ W^T, W[N, K] in GGUF q8_0 blocks
+//   specjax_blocks_q4_1_r8: the q4_1 product with W's rows in groups of 8 (below, "r8")
 //
 // Weights come as rows of blocks of 32 values along K: qs (uint8 [N, K/32, 16] for
 // q4_1, low nibble value j and high nibble value j + 16; for q8_0 uint8 [N, K/32, 32]

@@ -54,7 +54,7 @@ class BlockWeight:
 
   @property
   def kind(self) -> str:
-    """The block kernel that takes this layout (kernels/cpu.py BLOCK_TARGETS)."""
+    """The block kernel that takes this layout (a kind of kernels/cpu.py TARGETS)."""
     return 'q4_1r8' if self.rows8 else self.fmt
 
   @property
@@ -106,9 +106,11 @@ def interleave_rows8(w: BlockWeight) -> BlockWeight:
   (kernels/cpu_blocks.cc): for each group and block, 4 chunks of the 8 rows' bytes 4c..4c+3,
   then the 8 rows' scales and offsets side by side. The same arrays' shapes and bytes, so
   nothing else changes (sharding the rows splits whole groups where a shard holds a
-  multiple of 8 rows); expand_rows reads it back in row order. Other weights, and q4_1
-  with a row count that is not a multiple of 8, are returned as they are."""
-  if not is_block(w) or w.fmt != 'q4_1' or w.rows8 or w.rows_shape[0] % 8:
+  multiple of 8 rows); expand_rows reads it back in row order. Other weights, q4_1 with a
+  row count that is not a multiple of 8, and embeddings (transposed=False: their rows are
+  gathered one by one, which this layout would make a pass over the whole table) are
+  returned as they are."""
+  if not is_block(w) or w.fmt != 'q4_1' or w.rows8 or not w.transposed or w.rows_shape[0] % 8:
     return w
   n, nb = w.d.shape
   qs = np.asarray(w.qs).reshape(n // 8, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(n, nb, 16)
@@ -116,6 +118,15 @@ def interleave_rows8(w: BlockWeight) -> BlockWeight:
   return w.replace(
     qs=jnp.asarray(qs), d=jnp.asarray(rows(w.d)), m=jnp.asarray(rows(w.m)), rows8=True
   )
+
+
+def for_kernels(params: dict, rows8: bool = True) -> dict:
+  """A block-quantized tree as the quantized draft holds it for its kernels: `fuse`d, and
+  with `rows8` its q4_1 layer weights in interleave_rows8's layout."""
+  params = fuse(params)
+  if rows8:
+    params = jax.tree_util.tree_map(interleave_rows8, params, is_leaf=is_block)
+  return params
 
 
 def kernel_applies(x: jax.Array, w: BlockWeight) -> bool:
@@ -231,14 +242,13 @@ def fuse(params: dict) -> dict:
   ran at half the bandwidth of the wider ones. A float32 gate|up made whole 5- and 9-row
   target forwards slower on the Xeon of BENCHMARKS.md (by 1.5-2.9 ms on the AVX2 path,
   up to 1 ms on AVX-512), so float gate and up stay apart. Layers whose parts differ in
-  kind, format or dtype are left as they are. The Llama layer (models/llama.py) and
+  kind, format, row layout or dtype are left as they are. The Llama layer (models/llama.py) and
   `check_params` take either form."""
 
   def joined(key, ws):
-    if all(is_block(w) and w.transposed for w in ws) and len({w.fmt for w in ws}) == 1:
+    blocks = all(is_block(w) and w.transposed for w in ws)
+    if blocks and len({(w.fmt, w.rows8) for w in ws}) == 1:
       stack = lambda name: np.concatenate([np.asarray(getattr(w, name)) for w in ws])
-      if len({w.rows8 for w in ws}) > 1:
-        raise ValueError('fuse: cannot join q4_1 weights in both row layouts')
       return BlockWeight(
         qs=stack('qs'), d=stack('d'), m=stack('m'), fmt=ws[0].fmt, rows8=ws[0].rows8
       )

@@ -46,7 +46,7 @@ class Timer:
     if key not in self.seen:
       from specjax.drafters.model import QuantizedDrafter
 
-      params = quant.fuse(quant.quantize_params(cand.params, keep=stored))
+      params = quant.for_kernels(quant.quantize_params(cand.params, keep=stored))
       drafter = QuantizedDrafter(cand.cfg, name=path.name)
       g = self.gamma
       step, out = costs_lib.measure_drafts(
