@@ -82,5 +82,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # True: finish the interrupted run in --workdir (prompts it finished are not rerun).
   c.resume = False
   c.quick = True
-  c.quick_method = 'ngram@adaptive'
+  # The q4 self-draft under adaptive control (on machines where its costs cannot pay, the
+  # controller keeps speculation off and the verdict says why); the tiny model has none.
+  c.quick_method = 'ngram@adaptive' if args.tiny else 'quantized@adaptive'
   return c

@@ -17,6 +17,8 @@ from specjax.decode.engine import Engine
 from specjax.decode.method import Method
 from specjax.drafters import ModelDrafter, NgramDrafter, truncated_target
 from specjax.drafters import multilevel as ml
+from specjax.drafters.eagle import EagleDrafter
+from specjax.models import eagle as eagle_model
 from specjax.verify import common
 from tests import test_speculative as spec
 
@@ -332,3 +334,20 @@ def test_a_multilevel_prediction_counts_its_steps_at_the_runs_rates():
   # Without counts (another drafter) the timed proposal stands.
   m = run({})
   assert m.levels is None and m.predicted_speedup == pytest.approx(5 / ((5 + 12) / 10))
+
+
+def test_levels_over_other_vocabularies_or_the_targets_features_are_one_clear_error(target):
+  """A lower level must draft over the upper model's vocabulary and from the text alone:
+  building such a chain fails, naming both levels, before anything decodes."""
+  cfg, params = target
+  upper_cfg, _ = truncated_target(cfg, params, 2)
+  upper = ModelDrafter(upper_cfg)
+  with pytest.raises(ValueError, match=rf'drafts over {cfg.vocab_size + 1} tokens but the upper'):
+    ml.MultiLevelDrafter(upper, NgramDrafter(cfg.vocab_size + 1))
+  other_cfg = testing.tiny_config(n_layers=1, vocab_size=cfg.vocab_size * 2)
+  with pytest.raises(ValueError, match='drafts over'):
+    ml.MultiLevelDrafter(upper, ModelDrafter(other_cfg))
+  ids = np.arange(0, cfg.vocab_size, 2)
+  head = EagleDrafter(eagle_model.EagleConfig.for_target(cfg, len(ids)))
+  with pytest.raises(ValueError, match="reads the target's features"):
+    ml.MultiLevelDrafter(upper, head)

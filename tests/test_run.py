@@ -262,7 +262,7 @@ def test_command_line_overrides_and_errors(tmp_path):
   assert set(methods) == {'autoregressive', 'ngram@adaptive'}
   # (whether it paid is timing; a random tiny model is noise)
   assert 'on this prompt: ' in ok.stdout and 'ngram@adaptive: ' in ok.stdout
-  assert 'where it pays: code edits' in ok.stdout and 'costs measured' in ok.stdout
+  assert 'where it pays: code' in ok.stdout and 'costs measured' in ok.stdout
   assert 'measured here: target step' in ok.stdout and 'measured on: ' in ok.stdout
   bad = subprocess.run(
     base + ['--config.max_new_tokens=0'], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -506,7 +506,7 @@ def test_readme_command_answers_paris(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Paris' in out.stdout
-  assert 'ngram@adaptive: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
+  assert 'quantized@adaptive: ' in out.stdout and 'tok/s against autoregressive' in out.stdout
   assert 'speculation ' in out.stdout and 'where it pays' in out.stdout
 
 

@@ -133,6 +133,7 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
     from specjax.drafters.dspark import DSparkDrafter
     from specjax.drafters.distilled import DistilledDrafter, init_from_target
     from specjax.drafters.eagle import EagleDrafter
+    from specjax.drafters.multilevel import MultiLevelDrafter
     from specjax.drafters.ngram import NgramDrafter
     from specjax.models import dflash as dflash_model
     from specjax.models import dspark as dspark_model
@@ -168,6 +169,10 @@ DRAFTERS_SCRIPT = textwrap.dedent("""
         heads = dspark_model.init_params(cfg.vocab_size, len(ids), 32, 4, jax.random.key(1))
         heads['w1'], heads['w2'] = heads['w1'] * 50, np.ones_like(heads['w2']) * 0.3
         return DSparkDrafter(dc), {'block': dp, 'embed': params['embed'], 'heads': heads}
+      if name == 'multilevel':  # two target layers in q, drafted by prompt lookup
+        up_cfg, up = truncated_target(cfg, params, 2)
+        low = NgramDrafter(cfg.vocab_size)
+        return MultiLevelDrafter(ModelDrafter(up_cfg), low, k=2), {'upper': up, 'lower': None}
       ids = np.arange(0, cfg.vocab_size, 2)
       hc = eagle_model.EagleConfig.for_target(cfg, len(ids))
       hp = eagle_model.init_params(hc, jax.random.key(0), ids, params)
@@ -223,8 +228,9 @@ def run_drafters(*names):
     ('draft model', 'distilled'),
     ('layer skip', 'lookup', 'consensus', 'eagle'),
     ('dflash', 'dspark'),
+    ('multilevel',),
   ],
-  ids=['models', 'self-lookup-consensus-eagle', 'dflash-dspark'],
+  ids=['models', 'self-lookup-consensus-eagle', 'dflash-dspark', 'multilevel'],
 )
 def test_every_drafter_decodes_sharded_as_on_one_device(names):
   """On a (data=4, model=2) mesh, every drafter kind: greedy speculative decoding equals
@@ -236,7 +242,15 @@ def test_every_drafter_decodes_sharded_as_on_one_device(names):
     assert all(run == out['plain'] for run in out[name]['greedy']), name
     for sharded, single in out[name]['sampled']:
       assert sharded == single, name
-    if name in ('draft model', 'distilled', 'layer skip', 'eagle', 'dflash', 'dspark'):
+    if name in (
+      'draft model',
+      'distilled',
+      'layer skip',
+      'eagle',
+      'dflash',
+      'dspark',
+      'multilevel',
+    ):
       assert out[name]['draft_split'] > 0, name  # not all replicated
 
 

@@ -39,6 +39,7 @@ from flax import struct
 from specjax.core import sampling as sampling_lib
 from specjax.core.contract import Drafter, DraftKind, TargetOut
 from specjax.drafters.model import ModelDrafter, last_two_tokens
+from specjax.models import sharding
 from specjax.verify import common, rejection
 
 # The columns of MultiLevelState.counts (MultiLevelDrafter.counters names them).
@@ -339,8 +340,16 @@ def _group(settings) -> int:
   return math.lcm(upper.group(up), lower.group(low))
 
 
+# Each level's parameters lie under 'upper/' or 'lower/' (nested in deeper chains): a model
+# level shards as the target does, by the default rules under its prefix.
+LEVEL_RULES = tuple(
+  (r'^(?:(?:upper|lower)/)+' + pattern[1:] if pattern.startswith('^') else pattern, spec)
+  for pattern, spec in sharding.DEFAULT_RULES
+)
+
 MULTILEVEL = DraftKind(
   usage=MULTILEVEL_USAGE,
+  partition_rules=LEVEL_RULES,
   parse=_parse,
   build=_build,
   group=_group,

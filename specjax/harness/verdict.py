@@ -3,8 +3,9 @@ paid on this prompt and why, and where it does pay.
 
 A single --config.prompt is a question, not a benchmark: specjax answers it with
 autoregressive decoding and one speculative method (config.quick_method: by default
-prompt lookup under adaptive control, which first times this CPU's target step and
-verifications and drafts only at the lengths those costs let pay, or not at all), and
+the q4 self-draft under adaptive control, which first times this CPU's target step,
+verifications and draft steps and drafts only at the lengths those costs let pay, or not
+at all), and
 `lines(summary, records, method)` says what happened, what the costs measured here allow
 (`cost_line`) and which CPU and kernel paths measured it. The full method table stays one
 flag away (--config.quick=False).
@@ -17,11 +18,11 @@ from collections.abc import Mapping, Sequence
 # Where speculation pays on this machine, measured (BENCHMARKS.md): shown to every
 # one-prompt run, since one short chat answer rarely is that place.
 WHERE_IT_PAYS = (
-  'where it pays: code edits, whose answers copy much of the prompt (prompt lookup: '
-  '1.7-1.9x on a 2-core AMD EPYC with AVX-512, BENCHMARKS.md):\n'
+  'where it pays: code, which the q4 self-draft predicts at 7-8 tokens a target call '
+  '(quantized@adaptive: 2.0x end to end on 8 HumanEval prompts, a 2-core Intel Xeon with '
+  'AVX-512; prompt lookup on code edits, 1.7-1.9x; BENCHMARKS.md):\n'
   '  python -m specjax.run --config configs/smollm2.py '
-  '--config.prompts=code_edit --config.num_prompts=4 --config.drafts="(\'ngram\',)" '
-  '--config.gammas="(8,)"'
+  '--config.prompts=humaneval --config.num_prompts=4 --config.methods=quantized@adaptive'
 )
 SHORT = 32  # answers shorter than this leave little to draft
 PAYS = 1.05  # a speedup below this is within this machine's run-to-run noise
@@ -51,8 +52,8 @@ def cost_line(costs: Mapping) -> str:
   """What the costs measured on this CPU allow (one draft's results.json 'costs' entry):
   the acceptance at which speculation starts to pay, or why it cannot pay here. The rule
   is adaptive control's (`AdaptiveConfig.can_pay` and its per-setting `ceilings`) over
-  the measured chains, for a draft with nothing to catch up (prompt lookup, the quick
-  run's default); a draft model's controller also charges its catch-up."""
+  the measured chains, for a draft with nothing to catch up (a draft model's controller
+  also charges its catch-up)."""
   from specjax.control import cost_model  # noqa: PLC0415
   from specjax.control.adaptive import AdaptiveConfig  # noqa: PLC0415
 

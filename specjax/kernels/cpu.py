@@ -88,11 +88,6 @@ TARGETS = {
   'attn': 'specjax_attention',
   'argmax': 'specjax_argmax',
 }
-BLOCK_TARGETS = {
-  'q4_1': 'specjax_blocks_q4_1',
-  'q8_0': 'specjax_blocks_q8_0',
-  'q4_1r8': 'specjax_blocks_q4_1_r8',  # q4_1 in groups of 8 rows (models/quant.py interleave_rows8)
-}
 MAX_ROWS = 64  # the most rows measured dispatch sends to a kernel (a forced path: any)
 MIN_WEIGHTS = 1 << 16  # smaller products (tiny test models) stay with XLA: a call costs more
 # A kernel must beat XLA's product by this factor to be kept: the rest of a step runs on
@@ -709,22 +704,29 @@ def unpack_rows8(qs, d, m):
   return xp.asarray(qs), rows(d), rows(m)
 
 
+def expand_blocks(kind: str, qs, d, m, rows=None):
+  """float32 [N, K] from a block kernel's operands (`kind` q4_1, q4_1r8 or q8_0; see
+  models/quant.py BlockWeight), or only the rows `rows` ([..., K]): d * q + m, block by
+  block. The one place that reads the block layouts back."""
+  if kind == 'q4_1r8':
+    qs, d, m = unpack_rows8(qs, d, m)
+    kind = 'q4_1'
+  if rows is not None:
+    qs, d, m = (jnp.take(a, rows, 0) for a in (qs, d, m))
+  if kind == 'q4_1':
+    q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
+  else:
+    q = qs.astype(jnp.float32) - 128.0
+  w = q * d[..., None].astype(jnp.float32) + m[..., None].astype(jnp.float32)
+  return w.reshape(*w.shape[:-2], -1)
+
+
 def _xla_product(kind: str, x, *w):
   if kind == 'nk':
     return jnp.einsum('...K,NK->...N', x, w[0])
   if kind == 'kn':
     return x @ w[0]
-  qs, d, m = w
-  if kind == 'q4_1r8':
-    qs, d, m = unpack_rows8(qs, d, m)
-    kind = 'q4_1'
-  if kind == 'q4_1':
-    q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
-  else:
-    q = qs.astype(jnp.float32) - 128.0
-  scale, offset = d[..., None].astype(jnp.float32), m[..., None].astype(jnp.float32)
-  rows = (q * scale + offset).reshape(qs.shape[0], -1)
-  return jnp.einsum('...K,NK->...N', x, rows)
+  return jnp.einsum('...K,NK->...N', x, expand_blocks(kind, *w))
 
 
 def _call(kind: str, isa: str, x, *w):

@@ -79,17 +79,7 @@ class BlockWeight:
 
   def expand_rows(self, rows: jax.Array | None = None) -> jax.Array:
     """float32 [rows, K] (or the selected rows [..., K]): d * q + m, block by block."""
-    qs, d, m = (self.qs, self.d, self.m)
-    if self.rows8:
-      qs, d, m = cpu_kernels.unpack_rows8(qs, d, m)
-    if rows is not None:
-      qs, d, m = (jnp.take(a, rows, 0) for a in (qs, d, m))
-    if self.fmt == 'q4_1':
-      q = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.float32)
-    else:
-      q = qs.astype(jnp.float32) - 128.0
-    w = q * d[..., None].astype(jnp.float32) + m[..., None].astype(jnp.float32)
-    return w.reshape(*w.shape[:-2], -1)
+    return cpu_kernels.expand_blocks(self.kind, self.qs, self.d, self.m, rows)
 
   def expand(self) -> jax.Array:
     """The float32 array it stands for in the parameter tree."""
